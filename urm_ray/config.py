@@ -1,0 +1,175 @@
+"""The run config: model / data / optim / train / tracking, loaded from YAML with dotted overrides.
+
+    cfg = load_config("sudoku4-urm", ["model.loops=8", "train.steps=500"])
+
+CONFIG is a YAML path or the name of a preset shipped in ``urm_ray/presets``. The model section's
+class is chosen by ``model.name`` through the model registry. Every key is checked: unknown keys,
+wrong types and impossible combinations raise ``ConfigError`` before any work starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from urm_ray.data.config import DataConfig
+from urm_ray.errors import ConfigError
+from urm_ray.models.registry import config_class
+from urm_ray.optim import OptimConfig
+from urm_ray.typed import convert, from_dict, to_dict
+
+
+@dataclass
+class TrainConfig:
+    """How long and where to train; per-worker settings are derived, never configured."""
+
+    steps: int = 2000  # optimizer steps (one ACT segment each)
+    global_batch_size: int = 256  # rows per step summed over all workers
+    num_workers: int = 1  # Ray Train workers (DDP ranks)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto = GPU when the cluster has one
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 1.0  # used only when training on GPU
+    loss: Literal["stablemax", "softmax"] = "stablemax"
+    seed: int = 0
+    log_every: int = 20  # steps between metric reports
+    eval_every: int = 500  # steps between evaluations on the held-out split (0 = end only)
+    eval_batch_size: int = 512
+    eval_max_rows: int = 0  # 0 = the whole held-out split
+    checkpoint_every: int = 500  # steps between checkpoints (0 = end only)
+    keep_checkpoints: int = 2
+    bf16: bool = True  # bf16 autocast, applied only on GPU
+    compile: bool = False  # torch.compile the model (GPU recommended)
+    storage_path: str = "runs"  # Ray Train storage: a local folder or s3://bucket/prefix
+    run_name: str = ""  # stable name; reusing it resumes. "" = derived from model and time
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "global_batch_size", "num_workers", "log_every", "eval_batch_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"train.{key}={getattr(self, key)} must be >= 1")
+        for key in ("eval_every", "eval_max_rows", "checkpoint_every"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"train.{key}={getattr(self, key)} must be >= 0")
+        if self.global_batch_size % self.num_workers:
+            raise ConfigError(
+                f"train.global_batch_size={self.global_batch_size} is not divisible by "
+                f"train.num_workers={self.num_workers}"
+            )
+        if self.cpus_per_worker <= 0:
+            raise ConfigError(f"train.cpus_per_worker={self.cpus_per_worker} must be > 0")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")
+
+
+@dataclass
+class TrackingConfig:
+    """Where MLflow records the run (rank 0 only)."""
+
+    enabled: bool = True
+    experiment: str = "urm-ray"
+    # "" = $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db (made absolute on the driver)
+    tracking_uri: str = ""
+    log_checkpoint: bool = True  # upload the final checkpoint as an artifact
+
+
+@dataclass
+class RunConfig:
+    """One training run."""
+
+    model: Any  # the config class registered for model.name (URMConfig, HRMConfig, ...)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+SECTIONS = {"data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "tracking": TrackingConfig}
+
+
+def preset_names() -> list[str]:
+    """Names of the configs shipped in ``urm_ray/presets``."""
+    folder = resources.files("urm_ray") / "presets"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def read_yaml(source: str) -> dict[str, Any]:
+    """Read a config from a YAML path or a preset name."""
+    path = Path(source)
+    if not path.is_file():
+        if source not in preset_names():
+            raise ConfigError(
+                f"config {source!r} is neither a YAML file nor a preset; presets: {', '.join(preset_names())}"
+            )
+        path = Path(str(resources.files("urm_ray") / "presets" / f"{source}.yaml"))
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` strings (values parsed as YAML scalars) to a nested dict copy."""
+    out = yaml.safe_load(yaml.safe_dump(data))
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. model.loops=8")
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+            node = child
+        node[leaf] = yaml.safe_load(raw) if raw else ""
+    return out
+
+
+def build_config(data: dict[str, Any]) -> RunConfig:
+    """Typed, validated RunConfig from a nested dict."""
+    unknown = sorted(set(data) - {"model", *SECTIONS})
+    if unknown:
+        raise ConfigError(f"unknown section {unknown[0]!r}; sections: model, {', '.join(SECTIONS)}")
+    model = data.get("model")
+    if not isinstance(model, dict) or "name" not in model:
+        raise ConfigError("model.name is required (urm, hrm, trm, gram, transformer)")
+    kwargs: dict[str, Any] = {"model": from_dict(config_class(model["name"]), model, "model")}
+    for name, cls in SECTIONS.items():
+        kwargs[name] = convert(cls, data.get(name, {}), name)
+    return RunConfig(**kwargs)
+
+
+def load_config(source: str, overrides: list[str] | None = None) -> RunConfig:
+    """Load a preset or YAML file, apply overrides, validate."""
+    return build_config(apply_overrides(read_yaml(source), overrides or []))
+
+
+def flatten(cfg: RunConfig) -> dict[str, Any]:
+    """Dotted-key view of the config, e.g. {'model.loops': 8}, for MLflow params."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else k)
+        else:
+            out[prefix] = node
+
+    walk(to_dict(cfg), "")
+    return out
+
+
+def replace(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """A new validated config with dotted overrides applied."""
+    return build_config(apply_overrides(to_dict(cfg), overrides))
+
+
+def dump_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+

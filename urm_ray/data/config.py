@@ -1,0 +1,25 @@
+"""Config of the data pipeline (kept free of heavy imports so configs load fast)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from urm_ray.errors import ConfigError
+
+
+@dataclass
+class DataConfig:
+    """Which dataset to stream and how to augment it."""
+
+    path: str = ""  # dataset folder (Parquet + metadata.json); required
+    augment: bool = True  # apply the dataset's augmentation on the fly in training
+    num_augmentations: int = 8  # augmentation slots per puzzle per epoch (aug index 0 = original)
+    shuffle_seed: int = 0
+    eval_split: str = "test"
+    shuffle_buffer: int = 4096  # local shuffle buffer rows per worker
+
+    def __post_init__(self) -> None:
+        if self.num_augmentations < 1:
+            raise ConfigError(f"data.num_augmentations={self.num_augmentations} must be >= 1")
+        if self.shuffle_buffer < 0:
+            raise ConfigError(f"data.shuffle_buffer={self.shuffle_buffer} must be >= 0")

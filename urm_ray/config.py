@@ -32,6 +32,7 @@ class TrainConfig:
     num_workers: int = 1  # Ray Train workers (DDP ranks)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto = GPU when the cluster has one
     cpus_per_worker: float = 1.0
+    torch_threads: int = 0  # intra-op threads per worker; 0 = cpus_per_worker rounded down (min 1)
     gpus_per_worker: float = 1.0  # used only when training on GPU
     loss: Literal["stablemax", "softmax"] = "stablemax"
     seed: int = 0
@@ -41,6 +42,7 @@ class TrainConfig:
     eval_max_rows: int = 0  # 0 = the whole held-out split
     checkpoint_every: int = 500  # steps between checkpoints (0 = end only)
     keep_checkpoints: int = 2
+    max_failures: int = 0  # worker-group restarts from the latest checkpoint after a crash
     bf16: bool = True  # bf16 autocast, applied only on GPU
     compile: bool = False  # torch.compile the model (GPU recommended)
     storage_path: str = "runs"  # Ray Train storage: a local folder or s3://bucket/prefix
@@ -60,6 +62,8 @@ class TrainConfig:
             )
         if self.cpus_per_worker <= 0:
             raise ConfigError(f"train.cpus_per_worker={self.cpus_per_worker} must be > 0")
+        if self.torch_threads < 0:
+            raise ConfigError(f"train.torch_threads={self.torch_threads} must be >= 0")
         if self.keep_checkpoints < 1:
             raise ConfigError(f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")
 

@@ -7,6 +7,7 @@ Used by every config: unknown keys, wrong types and values outside a ``Literal``
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -14,6 +15,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 from urm_ray.errors import ConfigError
 
 T = TypeVar("T")
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def from_dict(cls: type[T], data: Any, prefix: str = "") -> T:
@@ -93,6 +95,8 @@ def _convert_sequence(tp: Any, origin: type, value: Any, key: str) -> Any:
 def _convert_scalar(tp: Any, value: Any, key: str) -> Any:
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+        return float(value)  # YAML 1.1 reads "3e-4" (no dot) as a string
     if tp is dict and isinstance(value, dict):
         return dict(value)
     if isinstance(tp, type) and isinstance(value, tp) and not (tp is int and isinstance(value, bool)):

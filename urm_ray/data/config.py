@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from urm_ray.errors import ConfigError
@@ -14,7 +15,7 @@ class DataConfig:
     path: str = ""  # dataset folder (Parquet + metadata.json); required
     augment: bool = True  # apply the dataset's augmentation on the fly in training
     num_augmentations: int = 8  # augmentation slots per puzzle per epoch (aug index 0 = original)
-    shuffle_seed: int = 0
+    shuffle_seed: int = 0  # seed of the augmentations and of the row order inside blocks
     eval_split: str = "test"
     shuffle_buffer: int = 4096  # local shuffle buffer rows per worker
 
@@ -23,3 +24,13 @@ class DataConfig:
             raise ConfigError(f"data.num_augmentations={self.num_augmentations} must be >= 1")
         if self.shuffle_buffer < 0:
             raise ConfigError(f"data.shuffle_buffer={self.shuffle_buffer} must be >= 0")
+        if self.shuffle_seed < 0:
+            raise ConfigError(f"data.shuffle_seed={self.shuffle_seed} must be >= 0")
+        if not self.eval_split:
+            raise ConfigError("data.eval_split must name a split, got ''")
+        if not self.augment and self.num_augmentations != 1:
+            warnings.warn(
+                f"data.num_augmentations={self.num_augmentations} has no effect with data.augment=false"
+                " (each puzzle appears once per epoch)",
+                stacklevel=2,
+            )

@@ -1,0 +1,42 @@
+"""Shared pytest fixtures."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+REFERENCE_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference"
+
+
+@pytest.fixture
+def reference_dir() -> Path:
+    """The official-code fixtures (../shared/reference); tests using it skip when it is absent."""
+    if not REFERENCE_DIR.is_dir():
+        pytest.skip(f"reference fixtures not found at {REFERENCE_DIR}")
+    return REFERENCE_DIR
+
+
+@pytest.fixture
+def model_batch():
+    """Factory for a random model batch {inputs, labels, puzzle_identifiers} matching a TaskSpec."""
+
+    def make(task, size: int = 2, seed: int = 0) -> dict:
+        gen = torch.Generator().manual_seed(seed)
+        inputs = torch.randint(0, task.vocab_size, (size, task.seq_len), generator=gen)
+        ids = torch.randint(0, task.num_puzzle_identifiers, (size,), generator=gen)
+        return {"inputs": inputs, "labels": inputs.clone(), "puzzle_identifiers": ids}
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A private 2-CPU Ray instance for the whole session (never attaches to a running cluster)."""
+    import ray
+
+    if ray.is_initialized():
+        yield ray
+        return
+    ray.init(address="local", num_cpus=2)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,180 @@
+"""Dataset folder layout, metadata validation, and the Ray Data stream back to tensors."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from urm_ray.data import store, stream
+from urm_ray.data.config import DataConfig
+from urm_ray.data.tasks import sudoku
+from urm_ray.errors import ConfigError, DataError
+
+
+def _meta(**overrides) -> store.DatasetMeta:
+    fields = {"task": "toy", "vocab_size": 5, "seq_len": 3, "num_puzzle_identifiers": 2, "augmentation": "none"}
+    return store.DatasetMeta(**{**fields, **overrides})
+
+
+def _columns(num_rows: int = 4) -> dict[str, np.ndarray]:
+    inputs = np.arange(num_rows * 3).reshape(num_rows, 3) % 5
+    return {
+        "inputs": inputs,
+        "labels": np.where(inputs == 0, -100, inputs),
+        "puzzle_identifiers": np.arange(num_rows) % 2,
+        "puzzle_index": np.arange(num_rows) + 10,
+    }
+
+
+def test_write_and_read_back(tmp_path):
+    meta = store.write_dataset(tmp_path / "d", {"train": _columns(5), "test": _columns(2)}, _meta(), rows_per_file=2)
+    assert meta.splits["train"] == store.SplitInfo(5, [f"train/part-0000{i}.parquet" for i in range(3)])
+    assert meta.build["urm_ray_version"] and meta.build["time"]
+    assert store.read_metadata(tmp_path / "d") == meta
+    back = store.read_split(tmp_path / "d", "train")
+    for name, column in _columns(5).items():
+        assert np.array_equal(back[name], column), name
+    assert back["inputs"].dtype == np.int8 and back["inputs"].shape == (5, 3)
+
+
+def test_write_accepts_lists_and_names_bad_rows(tmp_path):
+    cols = _columns(3)
+    cols["inputs"] = [list(r) for r in cols["inputs"]]
+    store.write_dataset(tmp_path / "ok", {"train": cols}, _meta())
+    cols["inputs"][2] = [1, 2]
+    with pytest.raises(DataError, match=r"split 'train' row 2: inputs has shape \(2,\), expected \(3,\)"):
+        store.write_dataset(tmp_path / "bad", {"train": cols}, _meta())
+    with pytest.raises(DataError, match="split 'test' row 0: labels has length 4, expected seq_len=3"):
+        store.write_dataset(tmp_path / "bad", {"test": {**_columns(), "labels": np.ones((4, 4), int)}}, _meta())
+    labels = _columns()["labels"]
+    labels[1, 2] = 5
+    with pytest.raises(DataError, match=r"split 'x' row 1: labels has value 5 outside \[0, 5\) or -100"):
+        store.write_dataset(tmp_path / "bad", {"x": {**_columns(), "labels": labels}}, _meta())
+    assert not (tmp_path / "bad").exists()
+
+
+def test_write_is_atomic(tmp_path, monkeypatch):
+    real_write = store.pq.write_table
+    calls = []
+
+    def flaky(table, where, **kwargs):
+        calls.append(where)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        real_write(table, where, **kwargs)
+
+    monkeypatch.setattr(store.pq, "write_table", flaky)
+    with pytest.raises(OSError, match="disk full"):
+        store.write_dataset(tmp_path / "d", {"train": _columns(), "test": _columns()}, _meta())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_folder_needs_overwrite(tmp_path):
+    store.write_dataset(tmp_path / "d", {"train": _columns()}, _meta())
+    with pytest.raises(DataError, match="already exists"):
+        store.write_dataset(tmp_path / "d", {"train": _columns()}, _meta())
+    store.write_dataset(tmp_path / "d", {"test": _columns(2)}, _meta(), overwrite=True)
+    assert sorted(store.read_metadata(tmp_path / "d").splits) == ["test"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+def _edit_metadata(folder, edit) -> None:
+    path = folder / store.METADATA_FILE
+    raw = json.loads(path.read_text())
+    edit(raw)
+    path.write_text(json.dumps(raw))
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda m: m.pop("vocab_size"), "missing key 'vocab_size'"),
+        (lambda m: m.pop("splits"), "missing key 'splits'"),
+        (lambda m: m.update(format_version=99), "format_version=99"),
+        (lambda m: m.update(seq_len="81"), "key 'seq_len' must be an int"),
+        (lambda m: m.update(task=""), "key 'task' must be a non-empty string"),
+        (lambda m: m.update(colour=3), r"unknown key\(s\) \['colour'\]"),
+        (lambda m: m["splits"]["train"].pop("num_rows"), "key 'splits.train' must have exactly"),
+        (lambda m: m["splits"]["train"].update(files=["train/gone.parquet"]), "file 'train/gone.parquet'"),
+    ],
+)
+def test_metadata_errors_name_file_and_key(tmp_path, edit, message):
+    store.write_dataset(tmp_path / "d", {"train": _columns()}, _meta())
+    _edit_metadata(tmp_path / "d", edit)
+    with pytest.raises(DataError, match=message) as err:
+        store.read_metadata(tmp_path / "d")
+    assert str(tmp_path / "d" / "metadata.json") in str(err.value)
+
+
+def test_folder_without_metadata(tmp_path):
+    with pytest.raises(DataError, match="metadata.json: not found"):
+        store.read_metadata(tmp_path)
+    (tmp_path / "metadata.json").write_text("{not json")
+    with pytest.raises(DataError, match="invalid JSON"):
+        store.read_metadata(tmp_path)
+
+
+def test_data_config_validation():
+    with pytest.raises(ConfigError, match="data.num_augmentations=0"):
+        DataConfig(path="x", num_augmentations=0)
+    with pytest.raises(ConfigError, match="data.shuffle_buffer=-1"):
+        DataConfig(path="x", shuffle_buffer=-1)
+    with pytest.warns(UserWarning, match="no effect"):
+        DataConfig(path="x", augment=False)
+    with pytest.raises(ConfigError, match="data.path is empty"):
+        stream.load_meta(DataConfig())
+
+
+# --- Ray Data ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sudoku4(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "sudoku4"
+    sudoku.build_generated(path, size=4, num_train=40, num_test=12, blanks=8, seed=0)
+    return path
+
+
+def _collect(batches) -> dict[str, torch.Tensor]:
+    batches = list(batches)
+    return {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
+
+
+def test_eval_stream_returns_the_stored_rows(ray_local, sudoku4):
+    cfg = DataConfig(path=str(sudoku4))
+    got = _collect(stream.iter_torch_batches(stream.eval_dataset(cfg), 5, shuffle=False))
+    want = store.read_split(sudoku4, "test")
+    assert got["inputs"].dtype == torch.int32 and got["labels"].dtype == torch.int64
+    assert got["puzzle_identifiers"].dtype == torch.int32 and got["inputs"].shape == (12, 16)
+    for name in store.COLUMNS:
+        assert np.array_equal(got[name].numpy(), want[name]), name
+    assert (got["aug_index"] == 0).all()
+
+
+def test_train_stream_covers_every_pair_deterministically(ray_local, sudoku4):
+    cfg = DataConfig(path=str(sudoku4), num_augmentations=3, shuffle_seed=7)
+    ds = stream.train_dataset(cfg)
+    first = _collect(stream.iter_torch_batches(ds, 16, epoch=0, seed=1))
+    again = _collect(stream.iter_torch_batches(ds, 16, epoch=0, seed=1))
+    later = _collect(stream.iter_torch_batches(ds, 16, epoch=1, seed=1))
+    pairs = set(zip(first["puzzle_index"].tolist(), first["aug_index"].tolist()))
+    assert pairs == {(p, a) for p in range(40) for a in range(3)} and len(first["inputs"]) == 120
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert not torch.equal(first["puzzle_index"], later["puzzle_index"])
+    originals = store.read_split(sudoku4, "train")
+    is_original = first["aug_index"] == 0
+    rows = first["puzzle_index"][is_original].numpy()
+    assert np.array_equal(first["inputs"][is_original].numpy(), originals["inputs"][rows])
+    assert sudoku.valid_solutions_mask(first["labels"].numpy() - 1, 4).all()
+
+
+def test_train_stream_without_augmentation(ray_local, sudoku4):
+    cfg = DataConfig(path=str(sudoku4), augment=False, num_augmentations=1)
+    got = _collect(stream.iter_torch_batches(stream.train_dataset(cfg), 64, shuffle=False))
+    want = store.read_split(sudoku4, "train")
+    order = np.argsort(got["puzzle_index"].numpy())
+    assert np.array_equal(got["inputs"].numpy()[order], want["inputs"])
+    with pytest.raises(DataError, match="no split 'valid'"):
+        stream.eval_dataset(dataclasses.replace(cfg, eval_split="valid"))

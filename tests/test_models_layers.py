@@ -1,0 +1,99 @@
+"""Building blocks: init statistics, RMSNorm, RoPE, attention, (Conv)SwiGLU causality, puzzle embedding."""
+
+import pytest
+import torch
+
+from urm_ray.models.layers import (
+    Attention,
+    ConvSwiGLU,
+    PuzzleEmbedding,
+    RMSNorm,
+    RotaryEmbedding,
+    apply_rope,
+    ffn_width,
+    trunc_normal_,
+)
+
+
+@pytest.mark.parametrize(("hidden", "expansion", "width"), [(32, 4.0, 256), (64, 4.0, 256), (512, 4.0, 1536),
+                                                            (384, 4.0, 1024), (512, 2.0, 768)])
+def test_ffn_width_rounds_up_to_256(hidden, expansion, width):
+    assert ffn_width(hidden, expansion) == width
+
+
+def test_trunc_normal_has_the_requested_std_and_bounds():
+    torch.manual_seed(0)
+    x = trunc_normal_(torch.empty(200_000), std=0.5)
+    assert x.std().item() == pytest.approx(0.5, rel=0.01)
+    assert x.abs().max().item() <= 2 * 0.5 / 0.8796 + 1e-6
+    assert not trunc_normal_(torch.empty(10), std=0.0).any()
+
+
+def test_rms_norm_is_parameter_free_and_keeps_dtype():
+    norm = RMSNorm(1e-5)
+    x = torch.randn(3, 5, 16, dtype=torch.bfloat16)
+    y = norm(x)
+    assert list(norm.parameters()) == [] and y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float().square().mean(-1), torch.ones(3, 5), rtol=2e-2, atol=2e-2)
+
+
+def test_rope_is_a_half_split_rotation_and_not_saved():
+    rope = RotaryEmbedding(head_dim=8, max_positions=6, theta=10000.0)
+    assert rope.state_dict() == {}
+    x = torch.randn(1, 6, 2, 8)  # [B, T, H, E]
+    pairs = torch.complex(x[..., :4], x[..., 4:])  # dims i and i + E/2 form one rotating pair
+    angles = torch.arange(6.0)[:, None] / 10000.0 ** (torch.arange(0, 8, 2) / 8)  # [T, E/2]
+    rotated = pairs * torch.polar(torch.ones_like(angles), angles)[:, None]
+    torch.testing.assert_close(apply_rope(x, rope()), torch.cat([rotated.real, rotated.imag], -1))
+
+
+def test_attention_is_bidirectional():
+    torch.manual_seed(0)
+    attn = Attention(hidden_size=16, num_heads=2)
+    rope = RotaryEmbedding(8, 5, 10000.0)()
+    x = torch.randn(1, 5, 16)
+    y = x.clone()
+    y[:, -1] += 1.0
+    assert not torch.allclose(attn(x, rope)[:, 0], attn(y, rope)[:, 0])
+
+
+@pytest.mark.parametrize("position", ["after_gate", "before_gate"])
+@pytest.mark.parametrize("kernel", [2, 3])
+def test_conv_swiglu_is_causal(position, kernel):
+    torch.manual_seed(0)
+    mlp = ConvSwiGLU(16, 4.0, kernel, position)
+    x = torch.randn(2, 7, 16)
+    y = x.clone()
+    y[:, 4:] += torch.randn(2, 3, 16)
+    torch.testing.assert_close(mlp(x)[:, :4], mlp(y)[:, :4])
+    assert not torch.allclose(mlp(x)[:, 4], mlp(y)[:, 4])
+
+
+def test_conv_swiglu_matches_the_two_tap_formula():
+    torch.manual_seed(0)
+    mlp = ConvSwiGLU(16, 4.0, 2, "after_gate")
+    x = torch.randn(2, 5, 16)
+    gate, up = mlp.gate_up_proj(x).chunk(2, dim=-1)
+    u = torch.nn.functional.silu(gate) * up  # [B, T, F]
+    previous = torch.nn.functional.pad(u, (0, 0, 1, 0))[:, :-1]  # u[t-1], zero at t = 0
+    w = mlp.dwconv.weight[:, 0]  # [F, 2]
+    conv = w[:, 0] * previous + w[:, 1] * u + mlp.dwconv.bias
+    torch.testing.assert_close(mlp(x), mlp.down_proj(torch.nn.functional.silu(conv)), rtol=1e-5, atol=1e-5)
+
+
+def test_puzzle_embedding_train_copy_and_eval_table():
+    emb = PuzzleEmbedding(num_ids=4, dim=3)
+    emb.weights.copy_(torch.arange(12.0).view(4, 3))
+    ids = torch.tensor([2, 0, 2], dtype=torch.int32)
+    emb.eval()
+    assert torch.equal(emb(ids), emb.weights[[2, 0, 2]]) and emb.local_weights is None
+    emb.train()
+    out = emb(ids)
+    assert out is emb.local_weights and out.is_leaf and out.requires_grad
+    assert torch.equal(emb.local_ids, ids.long())
+    out.sum().backward()
+    assert torch.equal(emb.local_weights.grad, torch.ones(3, 3)) and emb.weights.grad is None
+    with torch.no_grad():  # e.g. HRM's target pass: must not replace the rows holding the gradient
+        emb(torch.tensor([1, 1, 1]))
+    assert out is emb.local_weights
+    assert set(emb.state_dict()) == {"weights"}

@@ -1,0 +1,237 @@
+"""Tests for urm_ray.optim: AdamAtan2 vs its formula, Muon, puzzle-embedding sign-SGD, lr schedule, EMA, config."""
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from urm_ray.errors import ConfigError
+from urm_ray.optim import (
+    EMA,
+    AdamAtan2,
+    Muon,
+    OptimConfig,
+    SignSGDPuzzleEmbedding,
+    apply_scheduled_lr,
+    build_muon,
+    build_optimizers,
+    lr_at,
+    newton_schulz_orthogonalize,
+    unwrap_model,
+)
+
+
+def _adam_atan2_reference(p0, grads, lrs, beta1, beta2, wd):
+    """The update written out element by element in Python floats (float64)."""
+    p, m, v = list(p0), [0.0] * len(p0), [0.0] * len(p0)
+    for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
+        for i in range(len(p)):
+            p[i] *= 1 - lr * wd
+            m[i] = beta1 * m[i] + (1 - beta1) * g[i]
+            v[i] = beta2 * v[i] + (1 - beta2) * g[i] ** 2
+            m_hat = m[i] / (1 - beta1**t)
+            root_v_hat = math.sqrt(v[i]) / math.sqrt(1 - beta2**t)
+            p[i] -= lr * math.atan2(m_hat, root_v_hat)
+    return p
+
+
+def test_adam_atan2_matches_formula() -> None:
+    gen = torch.Generator().manual_seed(0)
+    p0 = torch.randn(6, generator=gen, dtype=torch.float64)
+    grads = [torch.randn(6, generator=gen, dtype=torch.float64) * 1e-3 for _ in range(5)]
+    grads[2][0] = 0.0  # atan2(0, 0) = 0 on a zero history would be wrong; here m, v are non-zero
+    lrs = [1e-2, 2e-2, 3e-2, 3e-2, 1e-2]  # a schedule changes lr between steps
+    param = nn.Parameter(p0.clone())
+    opt = AdamAtan2([param], lr=lrs[0], betas=(0.9, 0.95), weight_decay=0.1)
+    for g, lr in zip(grads, lrs):
+        opt.param_groups[0]["lr"] = lr
+        param.grad = g.clone()
+        opt.step()
+    expected = _adam_atan2_reference(p0.tolist(), [g.tolist() for g in grads], lrs, 0.9, 0.95, 0.1)
+    torch.testing.assert_close(param.detach(), torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-14)
+    assert opt.state[param]["step"].item() == 5
+
+
+def test_adam_atan2_first_step_is_lr_pi_over_4_sign() -> None:
+    param = nn.Parameter(torch.zeros(4))
+    param.grad = torch.tensor([3.0, -1e-6, 0.0, 5e4])
+    AdamAtan2([param], lr=0.1, weight_decay=0.0).step()
+    expected = -0.1 * math.pi / 4 * torch.tensor([1.0, -1.0, 0.0, 1.0])  # atan2(g, |g|) = sign(g) pi/4
+    torch.testing.assert_close(param.detach(), expected)
+
+
+def test_adam_atan2_minimises_quadratic_and_handles_bfloat16() -> None:
+    target = torch.tensor([1.0, -2.0, 0.5])
+    x = nn.Parameter(torch.zeros(3))
+    y = nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))
+    opt = AdamAtan2([x, y], lr=0.05, weight_decay=0.0)
+    for _ in range(300):
+        opt.zero_grad()
+        ((x - target) ** 2).sum().backward()
+        ((y.float() - target) ** 2).sum().backward()
+        opt.step()
+    assert (x - target).abs().max() < 0.05
+    assert y.dtype == torch.bfloat16 and (y.float() - target).abs().max() < 0.1
+
+
+def test_newton_schulz_orthogonalises() -> None:
+    g = torch.randn(8, 20, generator=torch.Generator().manual_seed(0))
+    for update in (g, g.T):
+        singular_values = torch.linalg.svdvals(newton_schulz_orthogonalize(update))
+        assert singular_values.min() > 0.5 and singular_values.max() < 1.3
+
+
+def test_muon_reduces_loss_and_rejects_vectors() -> None:
+    target = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+    w = nn.Parameter(torch.zeros(8, 16))
+    opt = Muon([w], lr=0.1, weight_decay=0.0)
+    for _ in range(80):
+        w.grad = 2 * (w.detach() - target)  # gradient of ||w - target||^2
+        opt.step()
+    assert ((w - target) ** 2).sum() < 0.1 * (target**2).sum()
+    with pytest.raises(ValueError, match="2-D"):
+        Muon([nn.Parameter(torch.zeros(3))])
+
+
+def test_build_muon_splits_matrices_from_the_rest() -> None:
+    model = nn.Sequential(nn.Linear(4, 5), nn.Conv1d(5, 5, 2, groups=5))
+    muon, adamw = build_muon(model.parameters(), lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
+    assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert [p.shape for p in muon.param_groups[0]["params"]] == [(5, 4)]
+    assert len(adamw.param_groups[0]["params"]) == 3  # linear bias, conv weight [5, 1, 2], conv bias
+
+
+class StandInPuzzleEmbedding(nn.Module):
+    """The attributes SignSGDPuzzleEmbedding relies on, as the real PuzzleEmbedding records them."""
+
+    def __init__(self, num_ids: int, dim: int):
+        super().__init__()
+        self.register_buffer("weights", torch.randn(num_ids, dim, generator=torch.Generator().manual_seed(0)))
+        self.local_weights = None
+        self.local_ids = None
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self.local_weights = self.weights[ids].clone().requires_grad_()  # [B, D]
+        self.local_ids = ids
+        return self.local_weights
+
+
+def test_sign_sgd_updates_only_touched_rows() -> None:
+    emb = StandInPuzzleEmbedding(6, 3)
+    before = emb.weights.clone()
+    ids = torch.tensor([1, 4, 1, 3])
+    coeffs = torch.tensor([[1.0, -2.0, 0.0], [0.5, 0.5, -1.0], [-3.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
+    (emb(ids) * coeffs).sum().backward()  # grad of row b is coeffs[b]
+    opt = SignSGDPuzzleEmbedding(emb, lr=0.1, weight_decay=0.5)
+    opt.step()
+    sign = torch.zeros(6, 3)
+    sign[1] = torch.tensor([-1.0, -1.0, 0.0])  # rows 0 and 2 summed: [-2, -1, 0]
+    sign[4] = torch.tensor([1.0, 1.0, -1.0])
+    sign[3] = torch.tensor([0.0, 0.0, 1.0])
+    touched = torch.tensor([False, True, False, True, True, False])
+    expected = torch.where(touched.unsqueeze(-1), before * (1 - 0.1 * 0.5) - 0.1 * sign, before)
+    torch.testing.assert_close(emb.weights, expected)
+    opt.zero_grad()
+    assert emb.local_weights.grad is None
+    opt.step()  # no gradient: nothing changes
+    torch.testing.assert_close(emb.weights, expected)
+
+
+def _sign_sgd_and_ddp_worker(rank: int, world_size: int, init_file: str, results: dict) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    emb = StandInPuzzleEmbedding(5, 2)
+    ids = torch.tensor([[0, 2], [2, 3]])[rank]
+    grads = torch.tensor([[[1.0, -1.0], [1.0, 1.0]], [[-3.0, 1.0], [1.0, 0.0]]])[rank]
+    (emb(ids) * grads).sum().backward()
+    SignSGDPuzzleEmbedding(emb, lr=0.1, weight_decay=0.0).step()
+    model = nn.Linear(2, 2)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    ema = EMA(ddp, decay=0.5)
+    results[rank] = (emb.weights.clone(), unwrap_model(ddp) is model, sorted(ema.shadow))
+    dist.destroy_process_group()
+
+
+def test_sign_sgd_all_gathers_across_ranks_and_ema_unwraps_ddp(tmp_path) -> None:
+    results = mp.Manager().dict()
+    # fork: the children reuse the imported torch instead of re-importing it (seconds faster)
+    mp.start_processes(
+        _sign_sgd_and_ddp_worker, args=(2, str(tmp_path / "init"), results), nprocs=2, start_method="fork"
+    )
+    before = StandInPuzzleEmbedding(5, 2).weights
+    step = torch.zeros(5, 2)
+    step[0] = torch.tensor([1.0, -1.0])  # only rank 0 saw id 0
+    step[2] = torch.tensor([-1.0, 1.0])  # [1, 1] + [-3, 1] summed over both ranks
+    step[3] = torch.tensor([1.0, 0.0])
+    for rank in range(2):
+        weights, unwrapped, names = results[rank]
+        torch.testing.assert_close(weights, before - 0.1 * step)
+        assert unwrapped and names == ["bias", "weight"]
+
+
+def test_lr_schedule() -> None:
+    kwargs = dict(base_lr=1.0, warmup_steps=10, total_steps=110)
+    assert lr_at(0, **kwargs) == 0.0
+    assert lr_at(5, **kwargs) == 0.5
+    assert lr_at(10, **kwargs) == 1.0
+    assert lr_at(60, **kwargs, kind="cosine") == pytest.approx(0.5)
+    assert lr_at(110, **kwargs, kind="cosine", min_ratio=0.1) == pytest.approx(0.1)
+    assert lr_at(500, **kwargs, kind="cosine", min_ratio=0.1) == pytest.approx(0.1)
+    assert lr_at(60, **kwargs, kind="cosine", min_ratio=1.0) == 1.0
+    assert lr_at(500, **kwargs, kind="constant") == 1.0
+    assert lr_at(0, 1.0, 0, 100) == 1.0  # no warm-up
+
+
+def test_ema_math_copy_and_state_dict() -> None:
+    model = nn.Linear(2, 1)
+    nn.init.constant_(model.weight, 1.0)
+    ema = EMA(model, decay=0.9)
+    for value in (2.0, 3.0):
+        nn.init.constant_(model.weight, value)
+        ema.update(model)
+    expected = 0.9 * (0.9 * 1.0 + 0.1 * 2.0) + 0.1 * 3.0
+    torch.testing.assert_close(ema.shadow["weight"], torch.full((1, 2), expected))
+    averaged = ema.averaged_copy(nn.DataParallel(model))
+    torch.testing.assert_close(averaged.weight, torch.full((1, 2), expected))
+    assert (model.weight == 3.0).all()  # the live model is untouched
+    restored = EMA(nn.Linear(2, 1), decay=0.5)
+    restored.load_state_dict(ema.state_dict())
+    assert restored.decay == 0.9
+    restored.copy_to(model)
+    torch.testing.assert_close(model.weight, torch.full((1, 2), expected))
+    with pytest.raises(KeyError, match="missing"):
+        EMA(nn.Bilinear(2, 2, 1)).load_state_dict({"decay": 0.9, "shadow": {"weight": torch.zeros(1, 2)}})
+
+
+def test_config_errors_and_warnings() -> None:
+    with pytest.raises(ConfigError, match=r"optim\.lr=-1 must be > 0"):
+        OptimConfig(lr=-1)
+    with pytest.raises(ConfigError, match=r"optim\.beta2=1\.0"):
+        OptimConfig(beta2=1.0)
+    with pytest.raises(ConfigError, match=r"optim\.optimizer='sgd'"):
+        OptimConfig(optimizer="sgd")  # type: ignore[arg-type]
+    with pytest.warns(UserWarning, match="min_lr_ratio=0.5 has no effect"):
+        OptimConfig(min_lr_ratio=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        OptimConfig(schedule="cosine", min_lr_ratio=0.5, optimizer="muon", muon_momentum=0.9)
+
+
+class TinyModel(nn.Module):
+    def __init__(self, puzzle_dim: int = 3):
+        super().__init__()
+        self.proj = nn.Linear(3, 3)
+        self.puzzle_emb = StandInPuzzleEmbedding(4, puzzle_dim)
+
+
+def test_build_optimizers_and_schedule() -> None:
+    cfg = OptimConfig(warmup_steps=10)
+    optimizers = build_optimizers(TinyModel(), cfg)
+    assert [type(o) for o in optimizers] == [AdamAtan2, SignSGDPuzzleEmbedding]
+    assert apply_scheduled_lr(optimizers, cfg, step=5, total_steps=100) == pytest.approx(0.5 * cfg.lr)
+    assert optimizers[1].param_groups[0]["lr"] == pytest.approx(0.5 * cfg.puzzle_emb_lr)
+    muon_cfg = OptimConfig(optimizer="muon")
+    assert [type(o) for o in build_optimizers(TinyModel(puzzle_dim=0), muon_cfg)] == [Muon, torch.optim.AdamW]

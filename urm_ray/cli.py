@@ -1,0 +1,106 @@
+"""The ``urm-ray`` command line.
+
+    urm-ray presets                               list the shipped training configs
+    urm-ray data sudoku --out data/s4 --size 4    build a dataset (Parquet + metadata.json)
+    urm-ray train sudoku4-urm model.loops=8       train (or resume) one run on Ray Train
+    urm-ray eval runs/<name>/checkpoint_...       evaluate a checkpoint on its held-out split
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from urm_ray.errors import ConfigError, DataError
+
+
+def _presets(args: argparse.Namespace) -> None:
+    from urm_ray.config import preset_names, read_yaml
+
+    for name in preset_names():
+        description = read_yaml(name).get("model", {}).get("name", "?")
+        print(f"{name:28s} model={description}")
+
+
+def _train(args: argparse.Namespace) -> None:
+    from urm_ray.config import load_config
+    from urm_ray.train.driver import fit
+
+    result = fit(load_config(args.config, args.overrides))
+    summary = {k: v for k, v in result.metrics.items() if k.startswith("eval/") or k == "step"}
+    print(json.dumps({"run_name": result.run_name, "checkpoint": result.checkpoint_path,
+                      "mlflow_run_id": result.mlflow_run_id, **summary}, indent=2))
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from urm_ray.train.offline import evaluate_checkpoint
+
+    metrics = evaluate_checkpoint(args.checkpoint, split=args.split, max_rows=args.max_rows)
+    print(json.dumps(metrics, indent=2))
+
+
+def _data_sudoku(args: argparse.Namespace) -> None:
+    from urm_ray.data.tasks import sudoku
+
+    if bool(args.train_csv) != bool(args.test_csv):
+        raise ConfigError("--train-csv and --test-csv go together")
+    if args.train_csv:
+        sudoku.build_from_csv(
+            args.out, args.train_csv, args.test_csv, size=args.size, subsample=args.subsample,
+            seed=args.seed,
+        )
+    else:
+        sudoku.build_generated(
+            args.out, size=args.size, num_train=args.num_train, num_test=args.num_test,
+            blanks=args.blanks, seed=args.seed,
+        )
+    print(f"wrote {args.out}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="urm-ray", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("presets", help="list shipped training configs").set_defaults(func=_presets)
+
+    train = sub.add_parser("train", help="train one run (resumes when train.run_name exists)")
+    train.add_argument("config", help="YAML path or preset name (see `urm-ray presets`)")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.loops=8")
+    train.set_defaults(func=_train)
+
+    ev = sub.add_parser("eval", help="evaluate a checkpoint folder on its held-out split")
+    ev.add_argument("checkpoint")
+    ev.add_argument("--split", default="", help="split to evaluate (default: data.eval_split)")
+    ev.add_argument("--max-rows", type=int, default=0, help="0 = all rows")
+    ev.set_defaults(func=_eval)
+
+    data = sub.add_parser("data", help="build a dataset").add_subparsers(dest="task", required=True)
+    s = data.add_parser("sudoku", help="generate n x n Sudoku or convert a Sudoku-Extreme CSV")
+    s.add_argument("--out", required=True, help="dataset folder to create")
+    s.add_argument("--size", type=int, default=4, choices=[4, 6, 9])
+    s.add_argument("--num-train", type=int, default=2000)
+    s.add_argument("--num-test", type=int, default=500)
+    s.add_argument("--blanks", type=int, default=8, help="blank cells per generated puzzle")
+    s.add_argument("--train-csv", help="Sudoku-Extreme style CSV (source,question,answer,rating)")
+    s.add_argument("--test-csv", help="held-out CSV (with --train-csv)")
+    s.add_argument("--subsample", type=int, default=0, help="keep N training puzzles (1k setting)")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=_data_sudoku)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], None] = args.func
+    try:
+        func(args)
+    except (ConfigError, DataError) as err:
+        print(f"urm-ray: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""On-disk dataset layout: Parquet files per split plus `metadata.json`, written atomically.
+
+A dataset folder looks like
+
+    <out_dir>/metadata.json
+    <out_dir>/<split>/part-00000.parquet   (more parts for large splits)
+
+Each Parquet file has the columns
+    inputs              fixed_size_list<intK>[seq_len]   token ids
+    labels              fixed_size_list<intK>[seq_len]   token ids, `ignore_label` (-100) = unsupervised
+    puzzle_identifiers  int32                            index into the puzzle-embedding table
+    puzzle_index        int64                            stable id of the original puzzle
+with intK the narrowest of int8/int16/int32 that holds the vocabulary and -100. Only originals are
+stored; augmentation happens when streaming. A fixed-size list keeps each row's tokens contiguous,
+so `arrow_to_numpy` turns a column into an [N, seq_len] array without a per-row loop.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from urm_ray import __version__
+from urm_ray.errors import DataError
+
+FORMAT_VERSION = 1
+METADATA_FILE = "metadata.json"
+COLUMNS = ("inputs", "labels", "puzzle_identifiers", "puzzle_index")
+SEQUENCE_COLUMNS = ("inputs", "labels")
+DEFAULT_ROWS_PER_FILE = 100_000
+
+
+@dataclass
+class SplitInfo:
+    """One split of a dataset."""
+
+    # number of rows (original puzzles) in the split
+    num_rows: int
+    # Parquet files of the split, relative to the dataset folder, in row order
+    files: list[str]
+
+
+@dataclass
+class DatasetMeta:
+    """Contents of `metadata.json`: the task shape plus how the dataset was built."""
+
+    # task name, e.g. "sudoku"
+    task: str
+    # number of token ids; inputs and labels lie in [0, vocab_size)
+    vocab_size: int
+    # tokens per row
+    seq_len: int
+    # rows of the puzzle-embedding table; puzzle_identifiers lie in [0, num_puzzle_identifiers)
+    num_puzzle_identifiers: int
+    # name of the on-the-fly augmentation in `urm_ray.data.augment.AUGMENTATIONS` ("none" = none)
+    augmentation: str
+    # token id of padding
+    pad_id: int = 0
+    # label value that the loss ignores
+    ignore_label: int = -100
+    # split name -> rows and files; filled by `write_dataset`
+    splits: dict[str, SplitInfo] = field(default_factory=dict)
+    # how the dataset was built: arguments, seed, source files, urm_ray version, time
+    build: dict[str, Any] = field(default_factory=dict)
+    # layout version of the folder
+    format_version: int = FORMAT_VERSION
+
+
+_INT_KEYS = ("format_version", "vocab_size", "seq_len", "num_puzzle_identifiers", "pad_id", "ignore_label")
+_STR_KEYS = ("task", "augmentation")
+
+
+def read_metadata(path: str | os.PathLike) -> DatasetMeta:
+    """Reads and validates `<path>/metadata.json`; raises DataError naming the file and key."""
+    meta_file = Path(path) / METADATA_FILE
+    if not meta_file.is_file():
+        raise DataError(f"{meta_file}: not found; is {path} a dataset folder written by urm_ray?")
+    try:
+        raw = json.loads(meta_file.read_text())
+    except json.JSONDecodeError as err:
+        raise DataError(f"{meta_file}: invalid JSON ({err})") from err
+    if not isinstance(raw, dict):
+        raise DataError(f"{meta_file}: expected a JSON object, got {type(raw).__name__}")
+    meta = _meta_from_dict(raw, meta_file)
+    _check_split_files(meta, Path(path), meta_file)
+    return meta
+
+
+def _meta_from_dict(raw: dict[str, Any], meta_file: Path) -> DatasetMeta:
+    for key in (*_INT_KEYS, *_STR_KEYS, "splits", "build"):
+        if key not in raw:
+            raise DataError(f"{meta_file}: missing key {key!r}")
+    if raw["format_version"] != FORMAT_VERSION:
+        raise DataError(
+            f"{meta_file}: format_version={raw['format_version']!r}, this urm_ray reads {FORMAT_VERSION}"
+        )
+    for key in _INT_KEYS:
+        if not isinstance(raw[key], int) or isinstance(raw[key], bool):
+            raise DataError(f"{meta_file}: key {key!r} must be an int, got {raw[key]!r}")
+    for key in _STR_KEYS:
+        if not isinstance(raw[key], str) or not raw[key]:
+            raise DataError(f"{meta_file}: key {key!r} must be a non-empty string, got {raw[key]!r}")
+    for key in ("vocab_size", "seq_len", "num_puzzle_identifiers"):
+        if raw[key] < 1:
+            raise DataError(f"{meta_file}: key {key!r} must be >= 1, got {raw[key]}")
+    if not isinstance(raw["build"], dict):
+        raise DataError(f"{meta_file}: key 'build' must be an object, got {raw['build']!r}")
+    fields = {f.name for f in dataclasses.fields(DatasetMeta)}
+    unknown = sorted(set(raw) - fields)
+    if unknown:
+        raise DataError(f"{meta_file}: unknown key(s) {unknown}; expected {sorted(fields)}")
+    return DatasetMeta(**{**raw, "splits": _splits_from_dict(raw["splits"], meta_file)})
+
+
+def _splits_from_dict(raw: Any, meta_file: Path) -> dict[str, SplitInfo]:
+    if not isinstance(raw, dict) or not raw:
+        raise DataError(f"{meta_file}: key 'splits' must be a non-empty object, got {raw!r}")
+    splits = {}
+    for name, info in raw.items():
+        key = f"splits.{name}"
+        if not isinstance(info, dict) or set(info) != {"num_rows", "files"}:
+            raise DataError(f"{meta_file}: key {key!r} must have exactly 'num_rows' and 'files', got {info!r}")
+        if not isinstance(info["num_rows"], int) or info["num_rows"] < 0:
+            raise DataError(f"{meta_file}: key '{key}.num_rows' must be an int >= 0, got {info['num_rows']!r}")
+        files = info["files"]
+        if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
+            raise DataError(f"{meta_file}: key '{key}.files' must be a non-empty list of paths, got {files!r}")
+        splits[name] = SplitInfo(num_rows=info["num_rows"], files=files)
+    return splits
+
+
+def _check_split_files(meta: DatasetMeta, root: Path, meta_file: Path) -> None:
+    for name, info in meta.splits.items():
+        for rel in info.files:
+            if not (root / rel).is_file():
+                raise DataError(f"{meta_file}: file {rel!r} of split {name!r} does not exist under {root}")
+
+
+def split_paths(path: str | os.PathLike, meta: DatasetMeta, split: str) -> list[str]:
+    """Absolute Parquet paths of `split`; DataError naming the available splits if it is missing."""
+    if split not in meta.splits:
+        raise DataError(f"{Path(path) / METADATA_FILE}: no split {split!r}; available: {sorted(meta.splits)}")
+    return [str((Path(path) / rel).resolve()) for rel in meta.splits[split].files]
+
+
+def token_dtype(vocab_size: int, ignore_label: int) -> np.dtype:
+    """Narrowest signed integer type holding every token id and the ignore label."""
+    for dtype in (np.int8, np.int16, np.int32):
+        info = np.iinfo(dtype)
+        if vocab_size - 1 <= info.max and ignore_label >= info.min:
+            return np.dtype(dtype)
+    raise DataError(f"vocab_size={vocab_size} does not fit in int32")
+
+
+def write_dataset(
+    out_dir: str | os.PathLike,
+    splits: dict[str, dict[str, np.ndarray]],
+    meta: DatasetMeta,
+    *,
+    overwrite: bool = False,
+    rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+) -> DatasetMeta:
+    """Validates `splits` against `meta` and writes the dataset folder atomically.
+
+    `splits` maps a split name to columns `COLUMNS` (inputs/labels [N, seq_len], ids [N]). Everything
+    is written to a temporary folder next to `out_dir` and renamed at the end, so on error nothing
+    is left behind. Returns `meta` with `splits` filled and `build.urm_ray_version/time` set.
+    """
+    out = Path(out_dir).resolve()
+    if out.exists() and not overwrite:
+        raise DataError(f"{out}: already exists; pass overwrite=True to replace it")
+    if not splits:
+        raise DataError(f"{out}: no splits to write")
+    if rows_per_file < 1:
+        raise DataError(f"rows_per_file={rows_per_file} must be >= 1")
+    columns = {name: _validated_split(name, cols, meta) for name, cols in splits.items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        meta = _write_parquet(tmp, columns, meta, rows_per_file)
+        (tmp / METADATA_FILE).write_text(json.dumps(dataclasses.asdict(meta), indent=2) + "\n")
+        _replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return meta
+
+
+def _validated_split(split: str, cols: dict[str, Any], meta: DatasetMeta) -> dict[str, np.ndarray]:
+    missing = [c for c in COLUMNS if c not in cols]
+    extra = sorted(set(cols) - set(COLUMNS))
+    if missing or extra:
+        raise DataError(f"split {split!r}: columns missing {missing}, unexpected {extra}; expected {list(COLUMNS)}")
+    out = {c: _sequence_matrix(split, c, cols[c], meta.seq_len) for c in SEQUENCE_COLUMNS}
+    out["puzzle_identifiers"] = _id_vector(split, "puzzle_identifiers", cols["puzzle_identifiers"])
+    out["puzzle_index"] = _id_vector(split, "puzzle_index", cols["puzzle_index"])
+    num_rows = len(out["inputs"])
+    for name, arr in out.items():
+        if arr.shape[0] != num_rows:
+            raise DataError(f"split {split!r}: column {name!r} has {arr.shape[0]} rows, 'inputs' has {num_rows}")
+    _check_range(split, "inputs", out["inputs"], 0, meta.vocab_size)
+    _check_range(split, "labels", out["labels"], 0, meta.vocab_size, meta.ignore_label)
+    _check_range(split, "puzzle_identifiers", out["puzzle_identifiers"], 0, meta.num_puzzle_identifiers)
+    seq_dtype = token_dtype(meta.vocab_size, meta.ignore_label)
+    return {
+        "inputs": out["inputs"].astype(seq_dtype),  # [N, L]
+        "labels": out["labels"].astype(seq_dtype),  # [N, L]
+        "puzzle_identifiers": out["puzzle_identifiers"].astype(np.int32),  # [N]
+        "puzzle_index": out["puzzle_index"].astype(np.int64),  # [N]
+    }
+
+
+def _sequence_matrix(split: str, column: str, rows: Any, seq_len: int) -> np.ndarray:
+    """[N, seq_len] integer matrix from an array or a list of rows; names the first bad row."""
+    if isinstance(rows, np.ndarray) and rows.dtype != object and rows.ndim == 2:
+        if rows.shape[1] != seq_len:
+            raise DataError(f"split {split!r} row 0: {column} has length {rows.shape[1]}, expected seq_len={seq_len}")
+        matrix = rows
+    else:
+        for i, row in enumerate(rows):
+            if np.ndim(row) != 1 or len(row) != seq_len:
+                raise DataError(f"split {split!r} row {i}: {column} has shape {np.shape(row)}, expected ({seq_len},)")
+        matrix = np.asarray(list(rows)).reshape(-1, seq_len)
+    if not np.issubdtype(matrix.dtype, np.integer):
+        raise DataError(f"split {split!r}: {column} must hold integers, got dtype {matrix.dtype}")
+    return matrix
+
+
+def _id_vector(split: str, column: str, values: Any) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+        raise DataError(f"split {split!r}: {column} must be a 1-D integer array, got shape {arr.shape} {arr.dtype}")
+    return arr
+
+
+def _check_range(split: str, column: str, values: np.ndarray, lo: int, hi: int, allowed: int | None = None) -> None:
+    """Every value in [lo, hi) or == allowed; DataError naming the first bad row."""
+    bad = (values < lo) | (values >= hi)
+    if allowed is not None:
+        bad &= values != allowed
+    if bad.any():
+        row = int(np.argmax(bad.reshape(len(values), -1).any(axis=1)))
+        extra = f" or {allowed}" if allowed is not None else ""
+        value = np.atleast_1d(values[row])[np.atleast_1d(bad[row])][0]
+        raise DataError(f"split {split!r} row {row}: {column} has value {value} outside [{lo}, {hi}){extra}")
+
+
+def _write_parquet(
+    tmp: Path, columns: dict[str, dict[str, np.ndarray]], meta: DatasetMeta, rows_per_file: int
+) -> DatasetMeta:
+    infos = {}
+    for split, cols in columns.items():
+        (tmp / split).mkdir()
+        num_rows = len(cols["inputs"])
+        files = []
+        for part, start in enumerate(range(0, max(num_rows, 1), rows_per_file)):
+            rel = f"{split}/part-{part:05d}.parquet"
+            table = numpy_to_arrow({c: a[start : start + rows_per_file] for c, a in cols.items()})
+            pq.write_table(table, tmp / rel, compression="zstd", row_group_size=65536)
+            files.append(rel)
+        infos[split] = SplitInfo(num_rows=num_rows, files=files)
+    build = {**meta.build, "urm_ray_version": __version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return dataclasses.replace(meta, splits=infos, build=build, format_version=FORMAT_VERSION)
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    """Renames `tmp` to `out`; an existing `out` is swapped away first and removed after."""
+    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+    had_old = out.exists()
+    if had_old:
+        out.rename(old)
+    tmp.rename(out)
+    if had_old:
+        shutil.rmtree(old)
+
+
+def numpy_to_arrow(cols: dict[str, np.ndarray]) -> pa.Table:
+    """Arrow table of the stored layout: [N, L] arrays become fixed_size_list<intK>[L] columns."""
+    arrays = {}
+    for name, arr in cols.items():
+        if arr.ndim == 2:
+            flat = pa.array(np.ascontiguousarray(arr).reshape(-1))
+            arrays[name] = pa.FixedSizeListArray.from_arrays(flat, arr.shape[1])
+        else:
+            arrays[name] = pa.array(arr)
+    return pa.table(arrays)
+
+
+def arrow_to_numpy(table: pa.Table) -> dict[str, np.ndarray]:
+    """Columns of a stored-layout table as numpy; fixed-size lists become [N, L] (zero-copy when possible)."""
+    out = {}
+    for name in table.column_names:
+        col = table.column(name).combine_chunks()
+        if pa.types.is_fixed_size_list(col.type):
+            width = col.type.list_size
+            out[name] = col.flatten().to_numpy(zero_copy_only=False).reshape(len(col), width)
+        else:
+            out[name] = col.to_numpy(zero_copy_only=False)
+    return out
+
+
+def read_split(path: str | os.PathLike, split: str) -> dict[str, np.ndarray]:
+    """All rows of one split as numpy arrays, read without Ray (for evaluation and tests)."""
+    meta = read_metadata(path)
+    tables = [pq.read_table(f) for f in split_paths(path, meta, split)]
+    return arrow_to_numpy(pa.concat_tables(tables))

@@ -1,0 +1,158 @@
+"""Ray Data pipeline from a dataset folder to torch batches (the only module that imports ray.data).
+
+    read_parquet(split files)                      stored originals, fixed_size_list token columns
+      -> map_batches(pyarrow -> numpy, expand, augment)
+           each puzzle becomes `num_augmentations` rows (aug index 0 = original), augmented with the
+           dataset's augmentation, deterministic per (puzzle_index, aug_index, shuffle_seed), and
+           put in a seeded order inside the block
+      -> iter_torch_batches(local shuffle seeded by (seed, epoch))
+
+Batches are dicts of tensors: inputs int32 [B, L], labels int64 [B, L], puzzle_identifiers int32
+[B], plus puzzle_index int64 [B] and aug_index int32 [B] to trace each row to its source.
+
+Row order is deterministic given the seeds when the dataset executes with `preserve_order`
+(set on the datasets built here; pass `ingest_options()` to Ray Train's `DataConfig`, which
+otherwise replaces them with the driver's DataContext defaults). Row contents are deterministic
+in any case.
+"""
+
+import warnings
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+import ray.data
+import torch
+from ray.data.collate_fn import NumpyBatchCollateFn
+
+from urm_ray.data.augment import augment_batch, get_augmentation
+from urm_ray.data.config import DataConfig
+from urm_ray.data.store import DatasetMeta, arrow_to_numpy, read_metadata, split_paths
+from urm_ray.errors import ConfigError
+
+# puzzles per map_batches call: with 8 augmentations a block of ~64k rows, shuffled inside
+MAP_BATCH_PUZZLES = 8192
+
+
+def load_meta(cfg: DataConfig) -> DatasetMeta:
+    """The validated metadata of `cfg.path`."""
+    if not cfg.path:
+        raise ConfigError("data.path is empty; expected a dataset folder with metadata.json")
+    return read_metadata(cfg.path)
+
+
+def ingest_options() -> ray.data.ExecutionOptions:
+    """Execution options for `ray.train.DataConfig(execution_options=...)`: keep block order."""
+    return ray.data.ExecutionOptions(preserve_order=True)
+
+
+def _read_split(cfg: DataConfig, meta: DatasetMeta, split: str) -> ray.data.Dataset:
+    files = split_paths(cfg.path, meta, split)
+    ds = ray.data.read_parquet(files, file_extensions=None)
+    ds.context.execution_options.preserve_order = True
+    return ds
+
+
+def _expand_augment(
+    table: pa.Table, augmentation: str, num_augmentations: int, seed: int
+) -> dict[str, np.ndarray]:
+    """Stored rows -> `num_augmentations` augmented rows each, in a seeded order within the batch."""
+    cols = arrow_to_numpy(table)
+    num_puzzles, k = len(table), num_augmentations
+    first = int(cols["puzzle_index"][0]) if num_puzzles else 0
+    order = np.random.default_rng([seed, first, num_puzzles]).permutation(num_puzzles * k)  # [N*K]
+    rows = order // k  # [N*K] source row of each output row
+    aug_index = (order % k).astype(np.int32)  # [N*K]
+    puzzle_index = cols["puzzle_index"][rows]
+    inputs, labels = augment_batch(
+        augmentation, cols["inputs"][rows], cols["labels"][rows], puzzle_index, aug_index, seed
+    )
+    return {
+        "inputs": inputs,  # [N*K, L]
+        "labels": labels,  # [N*K, L]
+        "puzzle_identifiers": cols["puzzle_identifiers"][rows],  # [N*K]
+        "puzzle_index": puzzle_index,  # [N*K]
+        "aug_index": aug_index,  # [N*K]
+    }
+
+
+def _originals(table: pa.Table) -> dict[str, np.ndarray]:
+    cols = arrow_to_numpy(table)
+    cols["aug_index"] = np.zeros(len(table), np.int32)
+    return cols
+
+
+def train_dataset(cfg: DataConfig) -> ray.data.Dataset:
+    """The training split; one pass yields every (puzzle, aug index) pair once."""
+    meta = load_meta(cfg)
+    augmentation = meta.augmentation if cfg.augment else "none"
+    get_augmentation(augmentation)
+    if cfg.augment and meta.augmentation == "none" and cfg.num_augmentations > 1:
+        warnings.warn(
+            f"{cfg.path} has no augmentation: data.num_augmentations={cfg.num_augmentations} repeats each puzzle",
+            stacklevel=2,
+        )
+    num_augmentations = cfg.num_augmentations if cfg.augment else 1
+    kwargs = {"augmentation": augmentation, "num_augmentations": num_augmentations, "seed": cfg.shuffle_seed}
+    return _read_split(cfg, meta, "train").map_batches(
+        _expand_augment, batch_format="pyarrow", batch_size=MAP_BATCH_PUZZLES, fn_kwargs=kwargs
+    )
+
+
+def eval_dataset(cfg: DataConfig) -> ray.data.Dataset:
+    """The original puzzles of `cfg.eval_split`, in stored order."""
+    meta = load_meta(cfg)
+    return _read_split(cfg, meta, cfg.eval_split).map_batches(
+        _originals, batch_format="pyarrow", batch_size=MAP_BATCH_PUZZLES
+    )
+
+
+class _ToTorch(NumpyBatchCollateFn):
+    """Numpy batch -> the batch contract's tensor dtypes."""
+
+    DTYPES = {
+        "inputs": np.int32,
+        "labels": np.int64,
+        "puzzle_identifiers": np.int32,
+        "puzzle_index": np.int64,
+        "aug_index": np.int32,
+    }
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return {name: torch.from_numpy(np.array(batch[name], dtype=dtype)) for name, dtype in self.DTYPES.items()}
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """Local shuffle seed of one epoch."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+def iter_torch_batches(
+    data: Any,
+    batch_size: int,
+    epoch: int = 0,
+    seed: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    *,
+    buffer_rows: int = 4096,
+    device: str = "auto",
+    prefetch_batches: int = 1,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Torch batches from a Dataset or a Ray Train shard (`ray.train.get_dataset_shard(name)`).
+
+    With `shuffle`, rows are reshuffled in a buffer of `buffer_rows` rows (at least one batch)
+    seeded by (seed, epoch). `device="auto"` is the Ray Train worker's device, else CPU."""
+    if batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size} must be >= 1")
+    shuffling = shuffle and buffer_rows > 0
+    yield from data.iter_torch_batches(
+        batch_size=batch_size,
+        collate_fn=_ToTorch(),
+        drop_last=drop_last,
+        device=device,
+        prefetch_batches=prefetch_batches,
+        local_shuffle_buffer_size=max(buffer_rows, batch_size) if shuffling else None,
+        local_shuffle_seed=epoch_seed(seed, epoch) if shuffling else None,
+    )
+

@@ -1,0 +1,216 @@
+"""Building blocks shared by the recurrent models: norm, RoPE, attention, (Conv)SwiGLU, blocks.
+
+The numerics follow the official HRM / TRM / URM code, so that their checkpoints load and give the
+same outputs: parameter-free RMSNorm in float32, half-split RoPE, post-norm blocks, bias-free
+linears, the MLP width rounded up to a multiple of 256, and truncated LeCun-normal init.
+Shapes: B batch, T sequence positions (puzzle prefix included), D hidden, H heads, E head dim.
+"""
+
+import math
+from typing import Literal, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+FFNKind = Literal["swiglu", "conv_swiglu"]
+# Where ConvSwiGLU's depthwise causal conv sits: on the gated product (official URM) or on
+# the gate/up expansion before gating.
+ConvPosition = Literal["after_gate", "before_gate"]
+Rope = tuple[Tensor, Tensor]  # (cos, sin), each [T, E]
+
+# Truncating a unit normal to [-2, 2] leaves this standard deviation (JAX/Flax convention:
+# the requested std is the std of the truncated distribution, not of the untruncated one).
+_TRUNC2_STD = math.sqrt(
+    1 - 4 * math.exp(-2) / math.sqrt(2 * math.pi) / math.erf(2 / math.sqrt(2))
+)
+
+
+def trunc_normal_(tensor: Tensor, std: float) -> Tensor:
+    """Fill with a normal truncated at +-2 sigma whose actual std is ``std`` (0 gives zeros)."""
+    if std == 0:
+        return nn.init.zeros_(tensor)
+    scale = std / _TRUNC2_STD
+    return nn.init.trunc_normal_(tensor, mean=0.0, std=scale, a=-2 * scale, b=2 * scale)
+
+
+def lecun_linear(in_features: int, out_features: int, bias: bool = False) -> nn.Linear:
+    """nn.Linear with truncated LeCun-normal weight (std 1/sqrt(fan_in)) and zero bias."""
+    layer = nn.Linear(in_features, out_features, bias=bias)
+    with torch.no_grad():
+        trunc_normal_(layer.weight, std=in_features**-0.5)
+        if bias:
+            layer.bias.zero_()
+    return layer
+
+
+def ffn_width(hidden_size: int, expansion: float) -> int:
+    """SwiGLU intermediate width: 2/3 of expansion*hidden, rounded up to a multiple of 256."""
+    return 256 * math.ceil(round(expansion * hidden_size * 2 / 3) / 256)
+
+
+class RMSNorm(nn.Module):
+    """Parameter-free RMS normalisation over the last axis, computed in float32."""
+
+    def __init__(self, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps)
+        return x32.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE tables in the half-split layout; non-persistent, so rebuilt rather than saved."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # [T, E/2]
+        angles = torch.cat([angles, angles], dim=-1)  # [T, E]
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self) -> Rope:
+        return self.cos, self.sin
+
+
+def apply_rope(x: Tensor, rope: Rope) -> Tensor:
+    """Rotate [B, T, H, E] queries or keys; math in the tables' dtype (float32)."""
+    cos, sin = (t.unsqueeze(-2) for t in rope)  # [T, 1, E]
+    x32 = x.to(cos.dtype)
+    first, second = x32.chunk(2, dim=-1)
+    rotated = torch.cat([-second, first], dim=-1)
+    return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Bidirectional multi-head self-attention with a fused qkv projection and RoPE."""
+
+    def __init__(self, hidden_size: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = hidden_size // num_heads
+        # Output rows: all query heads, then all key heads, then all value heads.
+        self.qkv_proj = lecun_linear(hidden_size, 3 * hidden_size)
+        self.o_proj = lecun_linear(hidden_size, hidden_size)
+
+    def forward(self, x: Tensor, rope: Rope) -> Tensor:
+        batch, length, _ = x.shape
+        qkv = self.qkv_proj(x).view(batch, length, 3 * self.num_heads, self.head_dim)
+        q, k, v = qkv.split(self.num_heads, dim=2)  # each [B, T, H, E]
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))  # [B, T, D]
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate) * up) with gate and up the two halves of one fused projection."""
+
+    def __init__(self, hidden_size: int, expansion: float) -> None:
+        super().__init__()
+        width = ffn_width(hidden_size, expansion)
+        self.gate_up_proj = lecun_linear(hidden_size, 2 * width)
+        self.down_proj = lecun_linear(width, hidden_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [B, T, F] each
+        return self.down_proj(F.silu(gate) * up)
+
+
+def causal_depthwise_conv(conv: nn.Conv1d, x: Tensor) -> Tensor:
+    """Causal depthwise conv along the sequence of x [B, T, C]: padding k-1 on both sides, first T kept."""
+    out = conv(x.transpose(1, 2))  # [B, C, T + k - 1]
+    return out[..., : x.shape[1]].transpose(1, 2)
+
+
+class ConvSwiGLU(nn.Module):
+    """SwiGLU with a depthwise causal conv over the sequence (URM's short convolution).
+
+    after_gate (official URM): down(silu(conv(silu(gate) * up))).
+    before_gate: down(silu(g) * u) with (g, u) = conv(gate_up(x)).
+    """
+
+    def __init__(
+        self, hidden_size: int, expansion: float, kernel: int = 2, position: ConvPosition = "after_gate"
+    ) -> None:
+        super().__init__()
+        width = ffn_width(hidden_size, expansion)
+        self.position = position
+        channels = width if position == "after_gate" else 2 * width
+        self.gate_up_proj = lecun_linear(hidden_size, 2 * width)
+        self.dwconv = nn.Conv1d(channels, channels, kernel, padding=kernel - 1, groups=channels)
+        self.down_proj = lecun_linear(width, hidden_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate_up = self.gate_up_proj(x)  # [B, T, 2F]
+        if self.position == "before_gate":
+            gate, up = causal_depthwise_conv(self.dwconv, gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.down_proj(F.silu(causal_depthwise_conv(self.dwconv, F.silu(gate) * up)))
+
+
+def make_ffn(
+    kind: FFNKind, hidden_size: int, expansion: float, conv_kernel: int, conv_position: ConvPosition
+) -> nn.Module:
+    """The MLP of a block, chosen by config."""
+    if kind == "conv_swiglu":
+        return ConvSwiGLU(hidden_size, expansion, conv_kernel, conv_position)
+    return SwiGLU(hidden_size, expansion)
+
+
+class Block(nn.Module):
+    """Post-norm transformer block: h = norm(h + attn(h)); h = norm(h + mlp(h))."""
+
+    def __init__(self, hidden_size: int, num_heads: int, mlp: nn.Module, eps: float) -> None:
+        super().__init__()
+        self.self_attn = Attention(hidden_size, num_heads)
+        self.mlp = mlp
+        self.norm = RMSNorm(eps)
+
+    def forward(self, h: Tensor, rope: Rope) -> Tensor:
+        h = self.norm(h + self.self_attn(h, rope))
+        return self.norm(h + self.mlp(h))
+
+
+class Stack(nn.Module):
+    """A list of blocks applied in order after adding an injected input: f(h, u) = blocks(h + u)."""
+
+    def __init__(self, blocks: list[Block]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(blocks)
+
+    def forward(self, h: Tensor, injection: Tensor, rope: Rope) -> Tensor:
+        h = h + injection  # [B, T, D]
+        for layer in self.layers:
+            h = layer(h, rope)
+        return h
+
+
+class PuzzleEmbedding(nn.Module):
+    """Per-puzzle vectors trained by a sparse sign-SGD optimizer, not by autograd on the table.
+
+    ``weights`` [num_ids, dim] is a persistent buffer. In training with grad enabled, forward
+    copies the batch's rows into a fresh leaf ``local_weights`` [B, dim] (requires grad) and keeps
+    ``local_ids`` [B]; the optimizer reads ``local_weights.grad`` and writes the table. Otherwise
+    (eval, or no-grad passes such as HRM's target-Q pass) it reads the table directly, so a
+    second no-grad pass cannot replace the rows that the loss's gradient lands on.
+    Both locals are plain attributes: they are never saved, moved by ``.to()`` or broadcast by DDP.
+    """
+
+    def __init__(self, num_ids: int, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("weights", torch.zeros(num_ids, dim), persistent=True)
+        self.local_weights: Optional[Tensor] = None
+        self.local_ids: Optional[Tensor] = None
+
+    def forward(self, ids: Tensor) -> Tensor:
+        ids = ids.long()
+        if not (self.training and torch.is_grad_enabled()):
+            return self.weights[ids]  # [B, dim]
+        self.local_ids = ids
+        self.local_weights = self.weights[ids].detach().requires_grad_()
+        return self.local_weights

@@ -1,0 +1,138 @@
+"""MLflow behind a small interface: ``log(metrics, step)``, ``log_artifact(path)``, ``close()``.
+
+The only module that imports mlflow. The driver opens (or re-opens, on resume) the run and
+passes its id to the workers; rank 0 logs into it through a ``MlflowTracker``, every other rank
+gets a ``NullTracker``. Runs are found again by the tag ``urm_ray.run_name``, so a resumed
+training run keeps logging into the same MLflow run instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+RUN_NAME_TAG = "urm_ray.run_name"
+PARENT_TAG = "mlflow.parentRunId"
+_BATCH_LIMIT = 100  # MLflow accepts at most 100 params per log_batch call
+
+
+class Tracker(Protocol):
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+    def close(self) -> None: ...
+
+
+class NullTracker:
+    """What non-zero ranks (and runs with tracking disabled) get: does nothing."""
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class MlflowTracker:
+    """Logs into an existing MLflow run by id (batched metric calls)."""
+
+    def __init__(self, tracking_uri: str, run_id: str) -> None:
+        self.client = MlflowClient(tracking_uri)
+        self.run_id = run_id
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        self.client.log_batch(self.run_id, metrics=batch)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def close(self) -> None:
+        pass
+
+
+def resolve_tracking_uri(configured: str) -> str:
+    """The config's URI, else $MLFLOW_TRACKING_URI, else an SQLite store in the working folder.
+
+    Ray moves workers' working directories, so relative local URIs are made absolute here, on
+    the driver, before the config travels to the workers.
+    """
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri:
+        return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
+    if "://" not in uri:
+        return Path(uri).resolve().as_uri()
+    return uri
+
+
+def open_run(
+    tracking_uri: str,
+    experiment: str,
+    run_name: str,
+    params: dict[str, Any],
+    tags: dict[str, str] | None = None,
+) -> str:
+    """Create the MLflow run for ``run_name``, or reuse the one a previous attempt created."""
+    client = MlflowClient(tracking_uri)
+    experiment_id = _experiment_id(client, experiment)
+    existing = find_run(client, experiment_id, run_name)
+    if existing is not None:
+        client.update_run(existing, status="RUNNING")
+        return existing
+    all_tags = {RUN_NAME_TAG: run_name, **(tags or {})}
+    run = client.create_run(experiment_id, run_name=run_name, tags=all_tags)
+    items = [Param(k, _param_value(v)) for k, v in params.items()]
+    for start in range(0, len(items), _BATCH_LIMIT):
+        client.log_batch(run.info.run_id, params=items[start : start + _BATCH_LIMIT])
+    return run.info.run_id
+
+
+def close_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
+    MlflowClient(tracking_uri).set_terminated(run_id, status=status)
+
+
+def find_run(client: MlflowClient, experiment_id: str, run_name: str) -> str | None:
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'", max_results=1
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def _experiment_id(client: MlflowClient, name: str) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    return client.create_experiment(name)
+
+
+def _param_value(value: Any) -> str:
+    return str(list(value) if isinstance(value, tuple) else value)
+
+
+def make_tracker(tracking_uri: str, run_id: str, is_rank_zero: bool) -> Tracker:
+    """Rank 0 logs into the driver's run; every other rank gets a do-nothing tracker."""
+    if is_rank_zero and run_id:
+        return MlflowTracker(tracking_uri, run_id)
+    return NullTracker()
+

@@ -1,0 +1,154 @@
+"""The training driver: builds a Ray Train ``TorchTrainer`` from a RunConfig and runs it.
+
+    result = fit(load_config("sudoku4-urm"))
+
+The driver checks the config against the dataset and the cluster before any work, opens (or on
+resume re-opens) the MLflow run, streams the dataset with Ray Data, and after training uploads the
+resolved config and the final checkpoint to MLflow. Reusing ``train.run_name`` with the same
+``train.storage_path`` resumes from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import ray
+import ray.train
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from urm_ray import tracking
+from urm_ray.config import RunConfig, dump_yaml, flatten
+from urm_ray.data import builtin, stream
+from urm_ray.errors import ConfigError
+from urm_ray.train.loop import train_loop_per_worker
+from urm_ray.typed import to_dict
+
+DATA_CPU_RESERVE = 0.5  # CPU kept free for Ray Data's read/augment tasks (else ingest starves)
+
+
+@dataclass
+class FitResult:
+    run_name: str
+    metrics: dict[str, Any]
+    checkpoint_path: str | None
+    mlflow_run_id: str | None
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """Fill in what the driver decides: run name, absolute paths and tracking URI.
+
+    Ray moves the working directory of workers, so every local path is made absolute here.
+    """
+    train = cfg.train
+    name = train.run_name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    storage = train.storage_path
+    if "://" not in storage:
+        storage = str(Path(storage).resolve())
+    uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
+    data_path = builtin.resolve_path(cfg.data.path)
+    if "://" not in data_path:
+        data_path = str(Path(data_path).resolve())
+    return replace(
+        cfg,
+        data=replace(cfg.data, path=data_path),
+        train=replace(train, run_name=name, storage_path=storage),
+        tracking=replace(cfg.tracking, tracking_uri=uri),
+    )
+
+
+def use_gpu(cfg: RunConfig) -> bool:
+    if cfg.train.device == "auto":
+        return ray.cluster_resources().get("GPU", 0) > 0
+    return cfg.train.device == "cuda"
+
+
+def check_resources(cfg: RunConfig, gpu: bool) -> None:
+    """Fail at once, naming what is missing, when the workers cannot be placed."""
+    total = ray.cluster_resources()
+    need_cpu = cfg.train.num_workers * cfg.train.cpus_per_worker + DATA_CPU_RESERVE
+    if need_cpu > total.get("CPU", 0):
+        raise ConfigError(
+            f"train.num_workers={cfg.train.num_workers} x train.cpus_per_worker="
+            f"{cfg.train.cpus_per_worker} plus {DATA_CPU_RESERVE} CPU for Ray Data needs "
+            f"{need_cpu} CPUs; the cluster has {total.get('CPU', 0)}"
+        )
+    need_gpu = cfg.train.num_workers * cfg.train.gpus_per_worker if gpu else 0
+    if need_gpu > total.get("GPU", 0):
+        raise ConfigError(
+            f"train.device={cfg.train.device} needs {need_gpu} GPUs "
+            f"(train.num_workers x train.gpus_per_worker); the cluster has {total.get('GPU', 0)}"
+        )
+
+
+def build_trainer(cfg: RunConfig, run_id: str | None, gpu: bool) -> TorchTrainer:
+    resources = {"CPU": cfg.train.cpus_per_worker}
+    if gpu:
+        resources["GPU"] = cfg.train.gpus_per_worker
+    eval_ds = stream.eval_dataset(cfg.data)
+    if cfg.train.eval_max_rows:
+        eval_ds = eval_ds.limit(cfg.train.eval_max_rows)
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={
+            "config": to_dict(cfg),
+            "run_id": run_id or "",
+            "tracking_uri": cfg.tracking.tracking_uri,
+        },
+        torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=cfg.train.num_workers, use_gpu=gpu, resources_per_worker=resources
+        ),
+        run_config=ray.train.RunConfig(
+            name=cfg.train.run_name,
+            storage_path=cfg.train.storage_path,
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
+            failure_config=ray.train.FailureConfig(max_failures=cfg.train.max_failures),
+        ),
+        datasets={"train": stream.train_dataset(cfg.data), "eval": eval_ds},
+        dataset_config=ray.train.DataConfig(execution_options=stream.ingest_options()),
+    )
+
+
+def fit(cfg: RunConfig, tags: dict[str, str] | None = None) -> FitResult:
+    """Train (or resume) one run; returns its final metrics and checkpoint path."""
+    cfg = resolve(cfg)
+    stream.load_meta(cfg.data)  # a missing or malformed dataset fails here, before Ray starts
+    if not ray.is_initialized():
+        ray.init()
+    gpu = use_gpu(cfg)
+    check_resources(cfg, gpu)
+    run_id = _open_mlflow(cfg, tags)
+    try:
+        result = build_trainer(cfg, run_id, gpu).fit()
+    except BaseException:
+        if run_id:
+            tracking.close_run(cfg.tracking.tracking_uri, run_id, "FAILED")
+        raise
+    ckpt_path = result.checkpoint.path if result.checkpoint is not None else None
+    if run_id:
+        _finish_mlflow(cfg, run_id, result.checkpoint)
+    return FitResult(cfg.train.run_name, dict(result.metrics or {}), ckpt_path, run_id)
+
+
+def _open_mlflow(cfg: RunConfig, tags: dict[str, str] | None) -> str | None:
+    if not cfg.tracking.enabled:
+        return None
+    return tracking.open_run(
+        cfg.tracking.tracking_uri, cfg.tracking.experiment, cfg.train.run_name, flatten(cfg), tags
+    )
+
+
+def _finish_mlflow(cfg: RunConfig, run_id: str, ckpt: ray.train.Checkpoint | None) -> None:
+    tracker = tracking.MlflowTracker(cfg.tracking.tracking_uri, run_id)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.yaml"
+        path.write_text(dump_yaml(cfg))
+        tracker.log_artifact(path)
+    if ckpt is not None and cfg.tracking.log_checkpoint:
+        with ckpt.as_directory() as folder:
+            tracker.log_artifact(folder, "checkpoint")
+    tracking.close_run(cfg.tracking.tracking_uri, run_id, "FINISHED")

@@ -1,0 +1,204 @@
+"""The per-worker training loop run by Ray Train's TorchTrainer (one call per DDP rank).
+
+Each optimizer step runs ONE ACT segment (deep supervision): rows that halted in the previous
+step are replaced by fresh examples inside the model's carry, the carry is detached between
+segments, and TBPTL happens inside the model. Every rank reports at the same steps (``report``
+is a barrier); rank 0 writes checkpoints and logs to MLflow.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import ray.train
+import ray.train.torch
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from urm_ray.config import RunConfig, build_config
+from urm_ray.data import stream
+from urm_ray.losses import act_loss
+from urm_ray.models.registry import TaskSpec, build_model
+from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
+from urm_ray.tracking import Tracker, make_tracker
+from urm_ray.train import checkpoint
+from urm_ray.train.checkpoint import Position
+from urm_ray.train.evaluate import accumulate, summarize
+from urm_ray.typed import to_dict
+
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
+    """Entry point for each Ray Train worker. ``loop_config``: config dict, MLflow run id/URI."""
+    cfg = build_config(loop_config["config"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(_threads(cfg))
+    torch.manual_seed(cfg.train.seed)  # identical init on every rank (DDP also broadcasts)
+    meta = stream.load_meta(cfg.data)
+    task = TaskSpec(meta.vocab_size, meta.seq_len, meta.num_puzzle_identifiers)
+    model = build_model(cfg.model, task)
+    device = ray.train.torch.get_device()
+    # DDP broadcasts rank 0's weights; the puzzle table is a buffer updated identically on every
+    # rank by the sign-SGD optimizer (which all-gathers its rows), so buffers are not broadcast.
+    wrapped = ray.train.torch.prepare_model(
+        model, parallel_strategy_kwargs={"broadcast_buffers": False}
+    )
+    ema = EMA(model, cfg.optim.ema_decay) if cfg.optim.ema else None
+    optimizers = build_optimizers(model, cfg.optim)
+    position = _maybe_restore(model, ema, optimizers)
+    tracker = make_tracker(loop_config["tracking_uri"], loop_config["run_id"], rank == 0)
+    Trainer(cfg, model, wrapped, ema, optimizers, tracker, device, rank, world, meta.seq_len).run(
+        position
+    )
+
+
+def _threads(cfg: RunConfig) -> int:
+    return cfg.train.torch_threads or max(1, int(cfg.train.cpus_per_worker))
+
+
+def _maybe_restore(model: nn.Module, ema: EMA | None, optimizers: list[Any]) -> Position:
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is None:
+        return Position()
+    with ckpt.as_directory() as folder:
+        state = checkpoint.load_state(Path(folder))
+    return checkpoint.restore(state, model, ema, optimizers)
+
+
+class Trainer:
+    """Holds one worker's training state; ``run`` trains from a position to ``train.steps``."""
+
+    def __init__(self, cfg: RunConfig, model: nn.Module, wrapped: nn.Module, ema: EMA | None,
+                 optimizers: list[Any], tracker: Tracker, device: torch.device, rank: int,
+                 world: int, seq_len: int) -> None:
+        self.cfg, self.model, self.wrapped, self.ema = cfg, model, wrapped, ema
+        self.optimizers, self.tracker, self.device = optimizers, tracker, device
+        self.rank, self.world, self.seq_len = rank, world, seq_len
+        self.local_batch = cfg.train.global_batch_size // world
+        self.last_eval: dict[str, float] = {}
+
+    def run(self, position: Position) -> None:
+        cfg = self.cfg.train
+        batches = self._batches(position)
+        carry = None
+        sums: dict[str, torch.Tensor] = {}
+        window_start, window_steps = time.perf_counter(), 0
+        while position.step < cfg.steps:
+            batch = next(batches)
+            lr = apply_scheduled_lr(self.optimizers, self.cfg.optim, position.step, cfg.steps)
+            carry, metrics = self._step(carry, batch)
+            position.step += 1
+            window_steps += 1
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0) + value
+            if position.step % cfg.log_every == 0 or position.step == cfg.steps:
+                elapsed = time.perf_counter() - window_start
+                report = self._train_metrics(sums, window_steps, elapsed, lr)
+                self._report(position, report)
+                sums, window_start, window_steps = {}, time.perf_counter(), 0
+        self.tracker.close()
+
+    def _batches(self, position: Position) -> Iterator[dict[str, torch.Tensor]]:
+        """Endless batches from the saved data position; updates ``position`` as it goes."""
+        shard = ray.train.get_dataset_shard("train")
+        skip = position.batch
+        while True:
+            rows = stream.iter_torch_batches(
+                shard, self.local_batch, epoch=position.epoch, seed=self.cfg.data.shuffle_seed,
+                shuffle=True, drop_last=True, buffer_rows=self.cfg.data.shuffle_buffer,
+            )
+            for index, batch in enumerate(rows):
+                if index < skip:
+                    continue
+                position.batch = index + 1
+                yield {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            position.epoch, position.batch, skip = position.epoch + 1, 0, 0
+
+    def _autocast(self) -> Any:
+        if self.device.type == "cuda" and self.cfg.train.bf16:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _step(self, carry: Any, batch: dict[str, torch.Tensor]) -> tuple[Any, dict[str, torch.Tensor]]:
+        if carry is None:
+            carry = self.model.initial_carry(batch)
+        self.wrapped.train()
+        with self._autocast():
+            carry, outputs = self.wrapped(carry, batch)
+            loss, metrics = act_loss(
+                outputs, carry.current_data["labels"], carry.halted, carry.steps, self.cfg.train.loss
+            )
+        # Official scaling: sum over the global batch / global batch size. DDP averages
+        # gradients over ranks, so each rank divides by its local batch size.
+        (loss / self.local_batch).backward()
+        if self.cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        for opt in self.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model)
+        return carry, {k: v.detach().double().cpu() for k, v in metrics.items()}
+
+    def _all_reduce(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.world == 1 or not dist.is_initialized():
+            return sums
+        keys = sorted(sums)
+        packed = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64) for k in keys])
+        packed = packed.to(self.device)
+        dist.all_reduce(packed)
+        return dict(zip(keys, packed.cpu()))
+
+    def _train_metrics(self, sums: dict[str, torch.Tensor], steps: int, seconds: float,
+                       lr: float) -> dict[str, float]:
+        """Per-row averages: episode metrics over halted rows, losses over all rows seen."""
+        sums = self._all_reduce(sums)
+        halted = max(float(sums.pop("count")), 1.0)
+        rows = steps * self.cfg.train.global_batch_size
+        out = {f"train/{k}": float(v) / (rows if k.endswith("_loss") else halted)
+               for k, v in sums.items()}
+        out["train/lr"] = lr
+        out["train/samples_per_s"] = rows / seconds
+        out["train/tokens_per_s"] = rows * self.seq_len / seconds
+        return out
+
+    def _evaluate(self) -> dict[str, float]:
+        shard = ray.train.get_dataset_shard("eval")
+        batches = (
+            {k: v.to(self.device) for k, v in b.items()}
+            for b in stream.iter_torch_batches(
+                shard, self.cfg.train.eval_batch_size, epoch=0, seed=0, shuffle=False,
+                drop_last=False, buffer_rows=0,
+            )
+        )
+        model = self.ema.averaged_copy(self.model) if self.ema is not None else self.model
+        model.eval()
+        with self._autocast():
+            totals = accumulate(model, batches)
+        return summarize(self._all_reduce(totals))
+
+    def _report(self, position: Position, metrics: dict[str, float]) -> None:
+        cfg = self.cfg.train
+        done = position.step == cfg.steps
+        if (cfg.eval_every and position.step % cfg.eval_every == 0) or done:
+            self.last_eval = self._evaluate()
+            metrics.update(self.last_eval)
+        self.tracker.log(metrics, position.step)
+        metrics = {**self.last_eval, **metrics, "step": position.step, "epoch": position.epoch}
+        save = (cfg.checkpoint_every and position.step % cfg.checkpoint_every == 0) or done
+        if not save:
+            ray.train.report(metrics)
+            return
+        with tempfile.TemporaryDirectory() as folder:
+            ckpt = None
+            if self.rank == 0:
+                checkpoint.save(Path(folder), self.model, self.ema, self.optimizers, position,
+                                to_dict(self.cfg))
+                ckpt = ray.train.Checkpoint.from_directory(folder)
+            ray.train.report(metrics, checkpoint=ckpt)

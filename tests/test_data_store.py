@@ -14,7 +14,13 @@ from urm_ray.errors import ConfigError, DataError
 
 
 def _meta(**overrides) -> store.DatasetMeta:
-    fields = {"task": "toy", "vocab_size": 5, "seq_len": 3, "num_puzzle_identifiers": 2, "augmentation": "none"}
+    fields = {
+        "task": "toy",
+        "vocab_size": 5,
+        "seq_len": 3,
+        "num_puzzle_identifiers": 2,
+        "augmentation": "none",
+    }
     return store.DatasetMeta(**{**fields, **overrides})
 
 
@@ -29,8 +35,12 @@ def _columns(num_rows: int = 4) -> dict[str, np.ndarray]:
 
 
 def test_write_and_read_back(tmp_path):
-    meta = store.write_dataset(tmp_path / "d", {"train": _columns(5), "test": _columns(2)}, _meta(), rows_per_file=2)
-    assert meta.splits["train"] == store.SplitInfo(5, [f"train/part-0000{i}.parquet" for i in range(3)])
+    meta = store.write_dataset(
+        tmp_path / "d", {"train": _columns(5), "test": _columns(2)}, _meta(), rows_per_file=2
+    )
+    assert meta.splits["train"] == store.SplitInfo(
+        5, [f"train/part-0000{i}.parquet" for i in range(3)]
+    )
     assert meta.build["urm_ray_version"] and meta.build["time"]
     assert store.read_metadata(tmp_path / "d") == meta
     back = store.read_split(tmp_path / "d", "train")
@@ -44,13 +54,21 @@ def test_write_accepts_lists_and_names_bad_rows(tmp_path):
     cols["inputs"] = [list(r) for r in cols["inputs"]]
     store.write_dataset(tmp_path / "ok", {"train": cols}, _meta())
     cols["inputs"][2] = [1, 2]
-    with pytest.raises(DataError, match=r"split 'train' row 2: inputs has shape \(2,\), expected \(3,\)"):
+    with pytest.raises(
+        DataError, match=r"split 'train' row 2: inputs has shape \(2,\), expected \(3,\)"
+    ):
         store.write_dataset(tmp_path / "bad", {"train": cols}, _meta())
-    with pytest.raises(DataError, match="split 'test' row 0: labels has length 4, expected seq_len=3"):
-        store.write_dataset(tmp_path / "bad", {"test": {**_columns(), "labels": np.ones((4, 4), int)}}, _meta())
+    with pytest.raises(
+        DataError, match="split 'test' row 0: labels has length 4, expected seq_len=3"
+    ):
+        store.write_dataset(
+            tmp_path / "bad", {"test": {**_columns(), "labels": np.ones((4, 4), int)}}, _meta()
+        )
     labels = _columns()["labels"]
     labels[1, 2] = 5
-    with pytest.raises(DataError, match=r"split 'x' row 1: labels has value 5 outside \[0, 5\) or -100"):
+    with pytest.raises(
+        DataError, match=r"split 'x' row 1: labels has value 5 outside \[0, 5\) or -100"
+    ):
         store.write_dataset(tmp_path / "bad", {"x": {**_columns(), "labels": labels}}, _meta())
     assert not (tmp_path / "bad").exists()
 
@@ -97,7 +115,10 @@ def _edit_metadata(folder, edit) -> None:
         (lambda m: m.update(task=""), "key 'task' must be a non-empty string"),
         (lambda m: m.update(colour=3), r"unknown key\(s\) \['colour'\]"),
         (lambda m: m["splits"]["train"].pop("num_rows"), "key 'splits.train' must have exactly"),
-        (lambda m: m["splits"]["train"].update(files=["train/gone.parquet"]), "file 'train/gone.parquet'"),
+        (
+            lambda m: m["splits"]["train"].update(files=["train/gone.parquet"]),
+            "file 'train/gone.parquet'",
+        ),
     ],
 )
 def test_metadata_errors_name_file_and_key(tmp_path, edit, message):

@@ -8,6 +8,7 @@ import pytest
 
 from urm_ray.data import store
 from urm_ray.data.tasks import sudoku
+from urm_ray.data.tasks.sudoku_solver import count_solutions
 from urm_ray.errors import ConfigError, DataError
 
 
@@ -19,7 +20,7 @@ def test_generated_puzzles_have_unique_solutions(n, blanks, count):
     assert sudoku.valid_solutions_mask(solutions, n).all()
     clues = questions != 0
     assert (questions[clues] == solutions[clues]).all()
-    assert all(sudoku.count_solutions(q, n, limit=2) == 1 for q in questions)
+    assert all(count_solutions(q, n, limit=2) == 1 for q in questions)
 
 
 def test_generation_is_seeded_and_distinct_up_to_relabelling():
@@ -57,7 +58,9 @@ def test_canonical_keys_ignore_digit_names():
 
 
 def test_build_generated_writes_disjoint_splits(tmp_path):
-    meta = sudoku.build_generated(tmp_path / "s4", size=4, num_train=60, num_test=20, blanks=9, seed=0)
+    meta = sudoku.build_generated(
+        tmp_path / "s4", size=4, num_train=60, num_test=20, blanks=9, seed=0
+    )
     assert (meta.vocab_size, meta.seq_len, meta.num_puzzle_identifiers) == (6, 16, 1)
     assert meta.augmentation == "sudoku" and meta.splits["train"].num_rows == 60
     assert meta.build["seed"] == 0 and meta.build["arguments"]["blanks"] == 9
@@ -82,7 +85,9 @@ def _csv_rows(count: int, seed: int) -> list[tuple[str, str]]:
 
 
 def _write_csv(path: Path, rows: list[tuple[str, str]]) -> Path:
-    lines = ["source,question,answer,rating"] + [f"gen,{q},{a},{i}" for i, (q, a) in enumerate(rows)]
+    lines = ["source,question,answer,rating"] + [
+        f"gen,{q},{a},{i}" for i, (q, a) in enumerate(rows)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -110,11 +115,13 @@ def test_csv_drops_train_rows_seen_in_test(tmp_path, csv_rows):
     q, a = csv_rows[6]
     swap = str.maketrans("12", "21")
     relabelled = (q.translate(swap), a.translate(swap))  # same puzzle, digits 1 and 2 renamed
-    train_csv = _write_csv(tmp_path / "train.csv", [csv_rows[0], relabelled, csv_rows[1], csv_rows[0]])
+    train_csv = _write_csv(
+        tmp_path / "train.csv", [csv_rows[0], relabelled, csv_rows[1], csv_rows[0]]
+    )
     test_csv = _write_csv(tmp_path / "test.csv", csv_rows[6:])
     meta = sudoku.build_from_csv(tmp_path / "out", train_csv, test_csv)
     assert store.read_split(tmp_path / "out", "train")["puzzle_index"].tolist() == [0, 2]
-    assert meta.build["arguments"]["train_duplicates_dropped"] == 2
+    assert meta.build["arguments"]["train_repeats_dropped"] == 2
 
 
 def test_csv_subsample_is_seeded(tmp_path, csv_rows):
@@ -141,7 +148,7 @@ def _bad_line(q: str, a: str, kind: str) -> str:
         return f"gen,{q},0{a[1:]},0"
     if kind == "contradiction":
         clue = next(i for i, ch in enumerate(q) if ch not in ".0")
-        return f"gen,{q[:clue]}{int(q[clue]) % 9 + 1}{q[clue + 1:]},{a},0"
+        return f"gen,{q[:clue]}{int(q[clue]) % 9 + 1}{q[clue + 1 :]},{a},0"
     assert kind == "rules"
     return f"gen,{'.' * 81},{a[1]}{a[0]}{a[2:]},0"
 

@@ -1,4 +1,4 @@
-"""On-the-fly augmentations, deterministic per (puzzle_index, aug_index, seed) and vectorised over rows.
+"""On-the-fly augmentations, deterministic per (puzzle_index, aug_index, seed), vectorised.
 
 Randomness is counter-based: each row's 64-bit key is a hash of (seed, puzzle_index, aug_index),
 and every random choice of that row hashes the key with a draw counter. The same row therefore gets
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from urm_ray.data.tasks.sudoku import BOX_SHAPES
+from urm_ray.data.tasks.sudoku_solver import BOX_SHAPES
 from urm_ray.errors import DataError
 
 AugmentFn = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -53,7 +53,7 @@ def _gather_rows(seq: np.ndarray, src: np.ndarray) -> np.ndarray:
 
 
 def _relabel(seq: np.ndarray, lut: np.ndarray) -> np.ndarray:
-    """Maps tokens through a per-row lookup table [B, V]; negative labels (ignored) stay as they are."""
+    """Maps tokens through per-row lookup tables [B, V]; negative (ignored) labels are kept."""
     mapped = np.take_along_axis(lut, np.clip(seq, 0, lut.shape[1] - 1).astype(np.int64), axis=1)
     return np.where(seq >= 0, mapped, seq).astype(seq.dtype)
 
@@ -62,17 +62,24 @@ def _line_order(keys: np.ndarray, n: int, group: int, salt: int) -> np.ndarray:
     """[B, n] source line of each output line: shuffled groups of `group` lines, shuffled within."""
     num_groups = n // group
     group_perm = random_permutations(keys, num_groups, salt)  # [B, G]
-    inner = np.argsort(random_bits(keys, n, salt + 1).reshape(-1, num_groups, group), axis=2)  # [B, G, group]
+    inner = np.argsort(
+        random_bits(keys, n, salt + 1).reshape(-1, num_groups, group), axis=2
+    )  # [B, G, group]
     return (group_perm[:, :, None] * group + inner).reshape(-1, n)
 
 
-def sudoku(inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def sudoku(
+    inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Digit relabelling, band / stack shuffles, row / column shuffles inside them, and a transpose
     when boxes are square. Tokens: 0 PAD and 1 blank are fixed, digit tokens 2..n+1 are permuted."""
     seq_len = inputs.shape[1]
     n = math.isqrt(seq_len)
     if n * n != seq_len or n not in BOX_SHAPES:
-        raise DataError(f"sudoku augmentation: seq_len={seq_len} is not a supported board (n*n, n in {sorted(BOX_SHAPES)})")
+        raise DataError(
+            f"sudoku augmentation: seq_len={seq_len} is not a supported board"
+            f" (n*n with n in {sorted(BOX_SHAPES)})"
+        )
     box_rows, box_cols = BOX_SHAPES[n]
     rows = _line_order(keys, n, box_rows, salt=1)  # [B, n]
     cols = _line_order(keys, n, box_cols, salt=3)  # [B, n]
@@ -87,7 +94,9 @@ def sudoku(inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray) -> tuple[np
     return _relabel(_gather_rows(inputs, src), lut), _relabel(_gather_rows(labels, src), lut)
 
 
-def identity(inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def identity(
+    inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """No augmentation."""
     return inputs, labels
 
@@ -103,7 +112,12 @@ def get_augmentation(name: str) -> AugmentFn:
 
 
 def augment_batch(
-    name: str, inputs: np.ndarray, labels: np.ndarray, puzzle_index: np.ndarray, aug_index: np.ndarray, seed: int
+    name: str,
+    inputs: np.ndarray,
+    labels: np.ndarray,
+    puzzle_index: np.ndarray,
+    aug_index: np.ndarray,
+    seed: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Applies augmentation `name` to rows [B, L]; rows with aug_index 0 are returned unchanged."""
     fn = get_augmentation(name)

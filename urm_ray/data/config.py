@@ -30,7 +30,7 @@ class DataConfig:
             raise ConfigError("data.eval_split must name a split, got ''")
         if not self.augment and self.num_augmentations != 1:
             warnings.warn(
-                f"data.num_augmentations={self.num_augmentations} has no effect with data.augment=false"
-                " (each puzzle appears once per epoch)",
+                f"data.num_augmentations={self.num_augmentations} has no effect with"
+                " data.augment=false (each puzzle appears once per epoch)",
                 stacklevel=2,
             )

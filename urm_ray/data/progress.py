@@ -29,4 +29,6 @@ class Progress:
 
     def _log(self, done: int, now: float) -> None:
         elapsed = max(now - self.start, 1e-9)
-        logger.info("%s: %d/%d (%.0f/s, %.1f s)", self.desc, done, self.total, done / elapsed, elapsed)
+        logger.info(
+            "%s: %d/%d (%.0f/s, %.1f s)", self.desc, done, self.total, done / elapsed, elapsed
+        )

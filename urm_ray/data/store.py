@@ -7,7 +7,7 @@ A dataset folder looks like
 
 Each Parquet file has the columns
     inputs              fixed_size_list<intK>[seq_len]   token ids
-    labels              fixed_size_list<intK>[seq_len]   token ids, `ignore_label` (-100) = unsupervised
+    labels              fixed_size_list<intK>[seq_len]   token ids, -100 (`ignore_label`) = no loss
     puzzle_identifiers  int32                            index into the puzzle-embedding table
     puzzle_index        int64                            stable id of the original puzzle
 with intK the narrowest of int8/int16/int32 that holds the vocabulary and -100. Only originals are
@@ -18,6 +18,7 @@ so `arrow_to_numpy` turns a column into an [N, seq_len] array without a per-row 
 import dataclasses
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -75,7 +76,14 @@ class DatasetMeta:
     format_version: int = FORMAT_VERSION
 
 
-_INT_KEYS = ("format_version", "vocab_size", "seq_len", "num_puzzle_identifiers", "pad_id", "ignore_label")
+_INT_KEYS = (
+    "format_version",
+    "vocab_size",
+    "seq_len",
+    "num_puzzle_identifiers",
+    "pad_id",
+    "ignore_label",
+)
 _STR_KEYS = ("task", "augmentation")
 
 
@@ -101,14 +109,17 @@ def _meta_from_dict(raw: dict[str, Any], meta_file: Path) -> DatasetMeta:
             raise DataError(f"{meta_file}: missing key {key!r}")
     if raw["format_version"] != FORMAT_VERSION:
         raise DataError(
-            f"{meta_file}: format_version={raw['format_version']!r}, this urm_ray reads {FORMAT_VERSION}"
+            f"{meta_file}: format_version={raw['format_version']!r}; this urm_ray reads"
+            f" {FORMAT_VERSION}"
         )
     for key in _INT_KEYS:
         if not isinstance(raw[key], int) or isinstance(raw[key], bool):
             raise DataError(f"{meta_file}: key {key!r} must be an int, got {raw[key]!r}")
     for key in _STR_KEYS:
         if not isinstance(raw[key], str) or not raw[key]:
-            raise DataError(f"{meta_file}: key {key!r} must be a non-empty string, got {raw[key]!r}")
+            raise DataError(
+                f"{meta_file}: key {key!r} must be a non-empty string, got {raw[key]!r}"
+            )
     for key in ("vocab_size", "seq_len", "num_puzzle_identifiers"):
         if raw[key] < 1:
             raise DataError(f"{meta_file}: key {key!r} must be >= 1, got {raw[key]}")
@@ -128,12 +139,18 @@ def _splits_from_dict(raw: Any, meta_file: Path) -> dict[str, SplitInfo]:
     for name, info in raw.items():
         key = f"splits.{name}"
         if not isinstance(info, dict) or set(info) != {"num_rows", "files"}:
-            raise DataError(f"{meta_file}: key {key!r} must have exactly 'num_rows' and 'files', got {info!r}")
+            raise DataError(
+                f"{meta_file}: key {key!r} must have exactly 'num_rows' and 'files', got {info!r}"
+            )
         if not isinstance(info["num_rows"], int) or info["num_rows"] < 0:
-            raise DataError(f"{meta_file}: key '{key}.num_rows' must be an int >= 0, got {info['num_rows']!r}")
+            raise DataError(
+                f"{meta_file}: key '{key}.num_rows' must be an int >= 0, got {info['num_rows']!r}"
+            )
         files = info["files"]
         if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
-            raise DataError(f"{meta_file}: key '{key}.files' must be a non-empty list of paths, got {files!r}")
+            raise DataError(
+                f"{meta_file}: key '{key}.files' must be a non-empty list of paths, got {files!r}"
+            )
         splits[name] = SplitInfo(num_rows=info["num_rows"], files=files)
     return splits
 
@@ -142,13 +159,17 @@ def _check_split_files(meta: DatasetMeta, root: Path, meta_file: Path) -> None:
     for name, info in meta.splits.items():
         for rel in info.files:
             if not (root / rel).is_file():
-                raise DataError(f"{meta_file}: file {rel!r} of split {name!r} does not exist under {root}")
+                raise DataError(
+                    f"{meta_file}: file {rel!r} of split {name!r} does not exist under {root}"
+                )
 
 
 def split_paths(path: str | os.PathLike, meta: DatasetMeta, split: str) -> list[str]:
     """Absolute Parquet paths of `split`; DataError naming the available splits if it is missing."""
     if split not in meta.splits:
-        raise DataError(f"{Path(path) / METADATA_FILE}: no split {split!r}; available: {sorted(meta.splits)}")
+        raise DataError(
+            f"{Path(path) / METADATA_FILE}: no split {split!r}; available: {sorted(meta.splits)}"
+        )
     return [str((Path(path) / rel).resolve()) for rel in meta.splits[split].files]
 
 
@@ -171,9 +192,10 @@ def write_dataset(
 ) -> DatasetMeta:
     """Validates `splits` against `meta` and writes the dataset folder atomically.
 
-    `splits` maps a split name to columns `COLUMNS` (inputs/labels [N, seq_len], ids [N]). Everything
-    is written to a temporary folder next to `out_dir` and renamed at the end, so on error nothing
-    is left behind. Returns `meta` with `splits` filled and `build.urm_ray_version/time` set.
+    `splits` maps a split name to the columns `COLUMNS` (inputs / labels [N, seq_len], ids [N]).
+    Everything is written to a temporary folder next to `out_dir` and renamed at the end, so on
+    error nothing is left behind. Returns `meta` with `splits` filled and the urm_ray version and
+    time added to `build`.
     """
     out = Path(out_dir).resolve()
     if out.exists() and not overwrite:
@@ -182,6 +204,9 @@ def write_dataset(
         raise DataError(f"{out}: no splits to write")
     if rows_per_file < 1:
         raise DataError(f"rows_per_file={rows_per_file} must be >= 1")
+    for name in splits:
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+            raise DataError(f"split name {name!r} must be letters, digits, '_' or '-'")
     columns = {name: _validated_split(name, cols, meta) for name, cols in splits.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -189,7 +214,7 @@ def write_dataset(
         tmp.mkdir()
         meta = _write_parquet(tmp, columns, meta, rows_per_file)
         (tmp / METADATA_FILE).write_text(json.dumps(dataclasses.asdict(meta), indent=2) + "\n")
-        _replace_dir(tmp, out)
+        _move_into_place(tmp, out, overwrite)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return meta
@@ -199,17 +224,24 @@ def _validated_split(split: str, cols: dict[str, Any], meta: DatasetMeta) -> dic
     missing = [c for c in COLUMNS if c not in cols]
     extra = sorted(set(cols) - set(COLUMNS))
     if missing or extra:
-        raise DataError(f"split {split!r}: columns missing {missing}, unexpected {extra}; expected {list(COLUMNS)}")
+        raise DataError(
+            f"split {split!r}: columns missing {missing}, unexpected {extra};"
+            f" expected {list(COLUMNS)}"
+        )
     out = {c: _sequence_matrix(split, c, cols[c], meta.seq_len) for c in SEQUENCE_COLUMNS}
     out["puzzle_identifiers"] = _id_vector(split, "puzzle_identifiers", cols["puzzle_identifiers"])
     out["puzzle_index"] = _id_vector(split, "puzzle_index", cols["puzzle_index"])
     num_rows = len(out["inputs"])
     for name, arr in out.items():
         if arr.shape[0] != num_rows:
-            raise DataError(f"split {split!r}: column {name!r} has {arr.shape[0]} rows, 'inputs' has {num_rows}")
+            raise DataError(
+                f"split {split!r}: column {name!r} has {arr.shape[0]} rows, 'inputs' has {num_rows}"
+            )
     _check_range(split, "inputs", out["inputs"], 0, meta.vocab_size)
     _check_range(split, "labels", out["labels"], 0, meta.vocab_size, meta.ignore_label)
-    _check_range(split, "puzzle_identifiers", out["puzzle_identifiers"], 0, meta.num_puzzle_identifiers)
+    _check_range(
+        split, "puzzle_identifiers", out["puzzle_identifiers"], 0, meta.num_puzzle_identifiers
+    )
     seq_dtype = token_dtype(meta.vocab_size, meta.ignore_label)
     return {
         "inputs": out["inputs"].astype(seq_dtype),  # [N, L]
@@ -223,12 +255,18 @@ def _sequence_matrix(split: str, column: str, rows: Any, seq_len: int) -> np.nda
     """[N, seq_len] integer matrix from an array or a list of rows; names the first bad row."""
     if isinstance(rows, np.ndarray) and rows.dtype != object and rows.ndim == 2:
         if rows.shape[1] != seq_len:
-            raise DataError(f"split {split!r} row 0: {column} has length {rows.shape[1]}, expected seq_len={seq_len}")
+            raise DataError(
+                f"split {split!r} row 0: {column} has length {rows.shape[1]},"
+                f" expected seq_len={seq_len}"
+            )
         matrix = rows
     else:
         for i, row in enumerate(rows):
             if np.ndim(row) != 1 or len(row) != seq_len:
-                raise DataError(f"split {split!r} row {i}: {column} has shape {np.shape(row)}, expected ({seq_len},)")
+                raise DataError(
+                    f"split {split!r} row {i}: {column} has shape {np.shape(row)},"
+                    f" expected ({seq_len},)"
+                )
         matrix = np.asarray(list(rows)).reshape(-1, seq_len)
     if not np.issubdtype(matrix.dtype, np.integer):
         raise DataError(f"split {split!r}: {column} must hold integers, got dtype {matrix.dtype}")
@@ -238,11 +276,16 @@ def _sequence_matrix(split: str, column: str, rows: Any, seq_len: int) -> np.nda
 def _id_vector(split: str, column: str, values: Any) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-        raise DataError(f"split {split!r}: {column} must be a 1-D integer array, got shape {arr.shape} {arr.dtype}")
+        raise DataError(
+            f"split {split!r}: {column} must be a 1-D integer array,"
+            f" got shape {arr.shape} {arr.dtype}"
+        )
     return arr
 
 
-def _check_range(split: str, column: str, values: np.ndarray, lo: int, hi: int, allowed: int | None = None) -> None:
+def _check_range(
+    split: str, column: str, values: np.ndarray, lo: int, hi: int, allowed: int | None = None
+) -> None:
     """Every value in [lo, hi) or == allowed; DataError naming the first bad row."""
     bad = (values < lo) | (values >= hi)
     if allowed is not None:
@@ -251,7 +294,9 @@ def _check_range(split: str, column: str, values: np.ndarray, lo: int, hi: int, 
         row = int(np.argmax(bad.reshape(len(values), -1).any(axis=1)))
         extra = f" or {allowed}" if allowed is not None else ""
         value = np.atleast_1d(values[row])[np.atleast_1d(bad[row])][0]
-        raise DataError(f"split {split!r} row {row}: {column} has value {value} outside [{lo}, {hi}){extra}")
+        raise DataError(
+            f"split {split!r} row {row}: {column} has value {value} outside [{lo}, {hi}){extra}"
+        )
 
 
 def _write_parquet(
@@ -268,12 +313,23 @@ def _write_parquet(
             pq.write_table(table, tmp / rel, compression="zstd", row_group_size=65536)
             files.append(rel)
         infos[split] = SplitInfo(num_rows=num_rows, files=files)
-    build = {**meta.build, "urm_ray_version": __version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    build = {
+        **meta.build,
+        "urm_ray_version": __version__,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     return dataclasses.replace(meta, splits=infos, build=build, format_version=FORMAT_VERSION)
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Renames `tmp` to `out`; an existing `out` is swapped away first and removed after."""
+def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Renames `tmp` to `out`. Without `overwrite` the rename fails if `out` appeared meanwhile (a
+    concurrent build); with it, an existing `out` is swapped away first and removed after."""
+    if not overwrite:
+        try:
+            tmp.rename(out)
+        except OSError as err:
+            raise DataError(f"{out}: already exists (written concurrently?); not replaced") from err
+        return
     old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
     had_old = out.exists()
     if had_old:
@@ -296,7 +352,7 @@ def numpy_to_arrow(cols: dict[str, np.ndarray]) -> pa.Table:
 
 
 def arrow_to_numpy(table: pa.Table) -> dict[str, np.ndarray]:
-    """Columns of a stored-layout table as numpy; fixed-size lists become [N, L] (zero-copy when possible)."""
+    """Columns of a stored-layout table as numpy; fixed-size lists become [N, L] arrays."""
     out = {}
     for name in table.column_names:
         col = table.column(name).combine_chunks()

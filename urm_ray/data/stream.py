@@ -16,19 +16,24 @@ otherwise replaces them with the driver's DataContext defaults). Row contents ar
 in any case.
 """
 
+from __future__ import annotations
+
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import ray.data
-import torch
 from ray.data.collate_fn import NumpyBatchCollateFn
 
 from urm_ray.data.augment import augment_batch, get_augmentation
 from urm_ray.data.config import DataConfig
 from urm_ray.data.store import DatasetMeta, arrow_to_numpy, read_metadata, split_paths
 from urm_ray.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 # puzzles per map_batches call: with 8 augmentations a block of ~64k rows, shuffled inside
 MAP_BATCH_PUZZLES = 8192
@@ -56,7 +61,7 @@ def _read_split(cfg: DataConfig, meta: DatasetMeta, split: str) -> ray.data.Data
 def _expand_augment(
     table: pa.Table, augmentation: str, num_augmentations: int, seed: int
 ) -> dict[str, np.ndarray]:
-    """Stored rows -> `num_augmentations` augmented rows each, in a seeded order within the batch."""
+    """Stored rows -> `num_augmentations` augmented rows each, in a seeded order in the batch."""
     cols = arrow_to_numpy(table)
     num_puzzles, k = len(table), num_augmentations
     first = int(cols["puzzle_index"][0]) if num_puzzles else 0
@@ -89,11 +94,16 @@ def train_dataset(cfg: DataConfig) -> ray.data.Dataset:
     get_augmentation(augmentation)
     if cfg.augment and meta.augmentation == "none" and cfg.num_augmentations > 1:
         warnings.warn(
-            f"{cfg.path} has no augmentation: data.num_augmentations={cfg.num_augmentations} repeats each puzzle",
+            f"{cfg.path} has no augmentation: data.num_augmentations={cfg.num_augmentations}"
+            " repeats each puzzle unchanged",
             stacklevel=2,
         )
     num_augmentations = cfg.num_augmentations if cfg.augment else 1
-    kwargs = {"augmentation": augmentation, "num_augmentations": num_augmentations, "seed": cfg.shuffle_seed}
+    kwargs = {
+        "augmentation": augmentation,
+        "num_augmentations": num_augmentations,
+        "seed": cfg.shuffle_seed,
+    }
     return _read_split(cfg, meta, "train").map_batches(
         _expand_augment, batch_format="pyarrow", batch_size=MAP_BATCH_PUZZLES, fn_kwargs=kwargs
     )
@@ -119,7 +129,13 @@ class _ToTorch(NumpyBatchCollateFn):
     }
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        return {name: torch.from_numpy(np.array(batch[name], dtype=dtype)) for name, dtype in self.DTYPES.items()}
+        # imported here: Ray workers that run the map stages load this module and need no torch
+        import torch
+
+        return {
+            name: torch.from_numpy(np.array(batch[name], dtype=dtype))
+            for name, dtype in self.DTYPES.items()
+        }
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -155,4 +171,3 @@ def iter_torch_batches(
         local_shuffle_buffer_size=max(buffer_rows, batch_size) if shuffling else None,
         local_shuffle_seed=epoch_seed(seed, epoch) if shuffling else None,
     )
-

@@ -6,7 +6,7 @@ metrics are comparable with the papers' numbers:
     lm_loss     = sum_b (sum_t token_loss[b, t] / max(#valid[b], 1))
     q_halt_loss = sum_b BCE(q_halt_logits[b], sequence b exactly correct)
     q_continue  = sum_b BCE(q_continue_logits[b], target_q_continue[b])   (when the model gives it)
-    total       = lm_loss + 0.5 * (q_halt_loss + q_continue_loss)
+    total       = lm_loss + 0.5 * (q_halt_loss + q_continue_loss) [+ outputs["aux_loss"], e.g. GRAM's KL]
 
 Every loss and metric is a SUM over rows (not a mean) so that a data-parallel caller can
 all-reduce them and divide once: loss metrics by the global batch size, the other metrics by
@@ -105,7 +105,8 @@ def act_loss(
     """Loss of one ACT segment and its metrics, exactly as the official ACTLossHead.
 
     outputs: the model's dict (`logits` [B, L, V], `q_halt_logits` [B], `q_continue_logits` [B],
-        optional `target_q_continue` [B]). labels: [B, L] with `ignore_index` for no target.
+        optional `target_q_continue` [B], optional `aux_loss` scalar summed over rows and added
+        to the total as is, with its detached `kl` scalar, as GRAM returns them). labels: [B, L] with `ignore_index` for no target.
     halted, steps: the new carry's flags [B] bool and step counters [B]; metrics cover only
         halted rows (finished episodes) that have at least one target token.
     halt_target: optional [B] bool to replace "sequence exactly correct" as the Q-halt label
@@ -113,7 +114,8 @@ def act_loss(
 
     Returns (total loss scalar, metrics). Metrics are detached float32 sums over rows:
     `count`, `accuracy` (sum of per-row token accuracy), `exact_accuracy`, `q_halt_accuracy`,
-    `steps`, `lm_loss`, `q_halt_loss` and, when the target is present, `q_continue_loss`.
+    `steps`, `lm_loss`, `q_halt_loss`, when the target is present `q_continue_loss`, and with
+    an `aux_loss` output `aux_loss` and `kl` (both summed over ALL rows, like the losses).
     """
     with torch.no_grad():
         seq_is_correct, metrics = _act_metrics(outputs, labels, halted, steps, ignore_index)
@@ -131,7 +133,12 @@ def act_loss(
         )
         metrics["q_continue_loss"] = q_continue_loss.detach().to(torch.float32)
         q_loss = q_loss + q_continue_loss
-    return lm_loss + 0.5 * q_loss, metrics
+    total = lm_loss + 0.5 * q_loss
+    if "aux_loss" in outputs:  # a model's own extra term, e.g. GRAM's kl_coef * balanced KL
+        total = total + outputs["aux_loss"]
+        metrics["aux_loss"] = outputs["aux_loss"].detach().to(torch.float32)
+        metrics["kl"] = outputs["kl"].detach().to(torch.float32)
+    return total, metrics
 
 
 def _diag_gaussian_kl(mu_q: Tensor, logvar_q: Tensor, mu_p: Tensor, logvar_p: Tensor) -> Tensor:

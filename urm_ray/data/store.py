@@ -37,7 +37,7 @@ FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
 COLUMNS = ("inputs", "labels", "puzzle_identifiers", "puzzle_index")
 SEQUENCE_COLUMNS = ("inputs", "labels")
-DEFAULT_ROWS_PER_FILE = 100_000
+DEFAULT_ROWS_PER_FILE = 32_768  # several files let Ray Data read and augment in parallel
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Ray Data pipeline from a dataset folder to torch batches (the only module that imports ray.data).
 
-    read_parquet(split files)                      stored originals, fixed_size_list token columns
-      -> map_batches(pyarrow -> numpy, expand, augment)
+    read_parquet(split files).materialize()    stored originals, read once into the object store
+      -> map_batches(pyarrow -> numpy, expand, augment)      re-executed on every pass (epoch)
            each puzzle becomes `num_augmentations` rows (aug index 0 = original), augmented with the
            dataset's augmentation, deterministic per (puzzle_index, aug_index, shuffle_seed), and
            put in a seeded order inside the block
@@ -19,7 +19,7 @@ in any case.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,8 +35,11 @@ from urm_ray.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-# puzzles per map_batches call: with 8 augmentations a block of ~64k rows, shuffled inside
-MAP_BATCH_PUZZLES = 8192
+# Puzzles per map_batches call; each call's rows are put in a seeded random order.
+MAP_BATCH_PUZZLES = 4096
+# Ray merges a task's outputs into blocks up to this size before passing them on; its 128 MiB
+# default made the first training batch wait for ~700k augmented Sudoku rows.
+BLOCK_BYTES = 8 * 2**20
 
 
 def load_meta(cfg: DataConfig) -> DatasetMeta:
@@ -52,10 +55,16 @@ def ingest_options() -> ray.data.ExecutionOptions:
 
 
 def _read_split(cfg: DataConfig, meta: DatasetMeta, split: str) -> ray.data.Dataset:
+    """The stored rows of `split`, read once into the object store.
+
+    Materialized because every pass (epoch) re-executes the whole pipeline, and listing and
+    reading the files cost seconds per pass, longer than a pass over a small dataset takes."""
     files = split_paths(cfg.path, meta, split)
     ds = ray.data.read_parquet(files, file_extensions=None)
     ds.context.execution_options.preserve_order = True
-    return ds
+    ds.context.target_max_block_size = BLOCK_BYTES
+    ds.context.enable_progress_bars = False  # one bar per epoch and split floods training logs
+    return ds.materialize()
 
 
 def _expand_augment(
@@ -154,7 +163,7 @@ def iter_torch_batches(
     buffer_rows: int = 4096,
     device: str = "auto",
     prefetch_batches: int = 1,
-) -> Iterator[dict[str, torch.Tensor]]:
+) -> Iterable[dict[str, torch.Tensor]]:
     """Torch batches from a Dataset or a Ray Train shard (`ray.train.get_dataset_shard(name)`).
 
     With `shuffle`, rows are reshuffled in a buffer of `buffer_rows` rows (at least one batch)
@@ -162,7 +171,7 @@ def iter_torch_batches(
     if batch_size < 1:
         raise ConfigError(f"batch_size={batch_size} must be >= 1")
     shuffling = shuffle and buffer_rows > 0
-    yield from data.iter_torch_batches(
+    return data.iter_torch_batches(
         batch_size=batch_size,
         collate_fn=_ToTorch(),
         drop_last=drop_last,

@@ -180,11 +180,18 @@ class RecurrentModel(ACTModel):
         reset = rows.view(-1, 1, 1)
         return {name: torch.where(reset, getattr(self, f"init_{name}"), value) for name, value in state.items()}
 
-    def segment(self, state: State, data: Batch) -> tuple[State, dict[str, Tensor]]:
-        x = self.embed_input(data["inputs"], data["puzzle_identifiers"])  # [B, T, D]
+    def rope(self, length: int) -> Rope:
+        """RoPE tables for the first ``length`` positions."""
         cos, sin = self.rotary_emb()
-        state = self.recur(state, x, (cos[: x.shape[1]], sin[: x.shape[1]]))
-        h = state[self.output_state]  # [B, T, D]
+        return cos[:length], sin[:length]
+
+    def heads(self, h: Tensor) -> dict[str, Tensor]:
+        """Decode the output state h [B, T, D]: token logits and the two Q logits (float32)."""
         q = self.q_head(h[:, 0]).float()  # [B, 2]
         logits = self.lm_head(h[:, self.prefix_len :]).float()  # [B, L, V]
-        return state, {"logits": logits, "q_halt_logits": q[:, 0], "q_continue_logits": q[:, 1]}
+        return {"logits": logits, "q_halt_logits": q[:, 0], "q_continue_logits": q[:, 1]}
+
+    def segment(self, state: State, data: Batch) -> tuple[State, dict[str, Tensor]]:
+        x = self.embed_input(data["inputs"], data["puzzle_identifiers"])  # [B, T, D]
+        state = self.recur(state, x, self.rope(x.shape[1]))
+        return state, self.heads(state[self.output_state])

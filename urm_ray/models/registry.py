@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from torch import nn
 
 from urm_ray.errors import ConfigError
+from urm_ray.models.gram import GRAM, GRAMConfig
 from urm_ray.models.hrm import HRM, HRMConfig
+from urm_ray.models.transformer import Transformer, TransformerConfig
 from urm_ray.models.trm import TRM, TRMConfig
 from urm_ray.models.urm import URM, URMConfig
 
@@ -34,6 +36,8 @@ MODELS: dict[str, tuple[type, type[nn.Module]]] = {
     "urm": (URMConfig, URM),
     "trm": (TRMConfig, TRM),
     "hrm": (HRMConfig, HRM),
+    "gram": (GRAMConfig, GRAM),
+    "transformer": (TransformerConfig, Transformer),
 }
 
 

@@ -3,14 +3,21 @@
 In eval mode the ACT wrapper halts only at its segment limit (as the official code does); we also
 record where the Q-head would have halted (first segment with q_halt_logits > 0) and the exact
 accuracy had it halted there, so the compute the Q-head could save is visible.
+
+For stochastic models (GRAM), ``evaluate_sampled`` draws K trajectories per row from the prior in
+one batch, majority-votes them and counts distinct valid answers (coverage);
+``generate_unconditional`` samples K boards from an all-blank input.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Optional
 
 import torch
 from torch import nn
+
+from urm_ray.train.voting import coverage, majority_vote
 
 IGNORE = -100
 SUM_KEYS = ("rows", "exact", "tokens_correct", "tokens", "segments", "q_segments", "q_exact")
@@ -43,8 +50,13 @@ def evaluate_batch(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str
 
 def _correctness(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Per row: exact match, correct tokens, supervised tokens. logits [B, L, V], labels [B, L]."""
+    return _answer_correctness(logits.argmax(-1), labels)
+
+
+def _answer_correctness(answers: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per row: exact match, correct tokens, supervised tokens. answers, labels [B, L]."""
     mask = labels != IGNORE
-    correct = (logits.argmax(-1) == labels) & mask
+    correct = (answers == labels) & mask
     return correct.sum(-1) == mask.sum(-1), correct.sum(-1), mask.sum(-1)
 
 
@@ -68,3 +80,92 @@ def summarize(totals: dict[str, torch.Tensor], prefix: str = "eval/") -> dict[st
         f"{prefix}q_halt_exact_accuracy": float(totals["q_exact"]) / rows,
         f"{prefix}rows": float(totals["rows"]),
     }
+
+
+# --- sampled (stochastic-model) evaluation -------------------------------------------------------
+
+# Checks answers [N, L] (tokens) -> [N] bool, e.g. a task verifier that accepts any valid solution.
+Verifier = Callable[[torch.Tensor], torch.Tensor]
+SAMPLED_SUM_KEYS = ("rows", "exact", "tokens_correct", "tokens", "segments", "valid", "sample_valid",
+                    "coverage")
+
+
+@torch.no_grad()
+def sample_answers(model: nn.Module, batch: dict[str, torch.Tensor], num_samples: int) -> tuple[torch.Tensor, int]:
+    """K = ``num_samples`` trajectories per row, run as ONE batch of K * B rows (sample-major).
+
+    Returns (answers [K, B, L], ACT segments run). The model must be in eval mode: in training
+    GRAM guides with its posterior, which sees the labels.
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples={num_samples} must be >= 1")
+    if model.training:
+        raise ValueError("sample_answers needs model.eval(): in training mode GRAM samples from its "
+                         "posterior, which reads the labels")
+    repeated = {k: v.repeat(num_samples, *([1] * (v.ndim - 1))) for k, v in batch.items()}
+    carry = model.initial_carry(repeated)
+    segments = 0
+    while True:
+        carry, outputs = model(carry, repeated)
+        segments += 1
+        if bool(carry.halted.all()):
+            break
+    return outputs["logits"].argmax(-1).view(num_samples, *batch["labels"].shape), segments
+
+
+@torch.no_grad()
+def evaluate_sampled(
+    model: nn.Module, batch: dict[str, torch.Tensor], num_samples: int, verifier: Optional[Verifier] = None
+) -> dict[str, torch.Tensor]:
+    """Majority vote over K sampled trajectories per row; per-metric sums (float64 scalars).
+
+    ``exact`` / ``tokens_correct`` / ``tokens`` score the voted answer against the labels like
+    ``evaluate_batch``. ``verifier`` (default: equals the label) judges answers: ``valid`` counts
+    rows whose voted answer it accepts, ``sample_valid`` sums each row's fraction of accepted
+    samples, and ``coverage`` sums each row's number of distinct accepted answers.
+    """
+    labels = batch["labels"]
+    answers, segments = sample_answers(model, batch, num_samples)  # [K, B, L]
+    voted = majority_vote(answers)  # [B, L]
+    exact, tokens_correct, tokens = _answer_correctness(voted, labels)
+    if verifier is None:
+        accepted = _answer_correctness(answers.flatten(0, 1), labels.repeat(num_samples, 1))[0]
+        voted_ok = exact
+    else:
+        accepted, voted_ok = verifier(answers.flatten(0, 1)), verifier(voted)
+    accepted = accepted.to(labels.device, torch.bool).view(num_samples, -1)  # [K, B]
+    rows = labels.shape[0]
+    values = (rows, exact.sum(), tokens_correct.sum(), tokens.sum(), segments * rows, voted_ok.sum(),
+              accepted.double().mean(0).sum(), coverage(answers, accepted).sum())
+    return {k: torch.as_tensor(v, dtype=torch.float64) for k, v in zip(SAMPLED_SUM_KEYS, values)}
+
+
+def summarize_sampled(totals: dict[str, torch.Tensor], prefix: str = "eval/") -> dict[str, float]:
+    """Turn ``evaluate_sampled`` sums into reported metrics (per row)."""
+    rows = max(float(totals["rows"]), 1.0)
+    return {
+        f"{prefix}vote_exact_accuracy": float(totals["exact"]) / rows,
+        f"{prefix}vote_token_accuracy": float(totals["tokens_correct"]) / max(float(totals["tokens"]), 1.0),
+        f"{prefix}vote_valid": float(totals["valid"]) / rows,
+        f"{prefix}sample_valid": float(totals["sample_valid"]) / rows,
+        f"{prefix}coverage": float(totals["coverage"]) / rows,
+        f"{prefix}mean_segments": float(totals["segments"]) / rows,
+        f"{prefix}rows": float(totals["rows"]),
+    }
+
+
+@torch.no_grad()
+def generate_unconditional(model: nn.Module, num_samples: int, blank_token: int = 1) -> torch.Tensor:
+    """K boards [K, L] sampled from an all-blank input (GRAM's unconditional generation).
+
+    The input is ``blank_token`` everywhere (the N-Queens and Sudoku datasets' blank) with puzzle
+    identifier 0; L is the model's ``task.seq_len``.
+    """
+    device = next(model.parameters()).device
+    length = model.task.seq_len
+    batch = {
+        "inputs": torch.full((1, length), blank_token, dtype=torch.long, device=device),
+        "labels": torch.full((1, length), IGNORE, dtype=torch.long, device=device),
+        "puzzle_identifiers": torch.zeros(1, dtype=torch.long, device=device),
+    }
+    return sample_answers(model, batch, num_samples)[0][:, 0]

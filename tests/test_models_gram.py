@@ -1,0 +1,180 @@
+"""GRAM: config, paper size, the deterministic core, where the guidance comes from, truncated
+gradients, the KL term, and (slow) that a briefly trained model samples several valid N-Queens boards."""
+
+import pytest
+import torch
+
+from urm_ray.errors import ConfigError
+from urm_ray.losses import act_loss
+from urm_ray.models.gram import GRAM, LOGVAR_MAX, LOGVAR_MIN, GRAMConfig
+from urm_ray.models.registry import TaskSpec, build_model, config_class
+from urm_ray.models.trm import TRMConfig
+
+TASK = TaskSpec(vocab_size=10, seq_len=12, num_puzzle_identifiers=3)
+TINY = {"hidden_size": 32, "num_heads": 4, "num_layers": 1, "h_cycles": 3, "l_cycles": 2, "puzzle_emb_dim": 32,
+        "puzzle_emb_len": 2, "max_segments": 3, "latent_dim": 8}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"latent_dim": -1}, "model.latent_dim=-1"),
+        ({"noise_scale": -0.5}, "model.noise_scale=-0.5"),
+        ({"kl_coef": -1.0}, "model.kl_coef=-1.0"),
+        ({"kl_balance": 1.5}, "model.kl_balance=1.5"),
+        ({"h_cycles": 0}, "model.h_cycles=0"),
+    ],
+)
+def test_invalid_config_names_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        GRAMConfig(**{**TINY, **overrides})
+
+
+def test_options_without_effect_warn():
+    with pytest.warns(UserWarning, match="model.noise_scale=0"):
+        GRAMConfig(noise_scale=0.0)
+    with pytest.warns(UserWarning, match="model.halt_target='verifier'"):
+        GRAMConfig(halt_target="verifier")
+
+
+def test_registered_and_paper_size():
+    assert config_class("gram") is GRAMConfig
+    cfg = GRAMConfig()
+    assert (cfg.hidden_size, cfg.num_layers, cfg.expansion, cfg.prefix_len, cfg.latent_dim, cfg.kl_balance) == (
+        512, 2, 4.0, 16, 256, 0.8)
+    model = build_model(cfg, TaskSpec(vocab_size=11, seq_len=81, num_puzzle_identifiers=2))
+    trm = 6_828_034  # TRM at the same size (test_models_trm.py)
+    prior = 512 * 2 * 1536 + 1536 * 2 * 256  # SwiGLU head: u -> (mean, logvar)
+    posterior = 1024 * 2 * 1536 + 1536 * 2 * 256  # [u; repr(y)] -> (mean, logvar)
+    extra = prior + posterior + 256 * 512 + 11 * 512  # + latent projection + label embedding
+    assert sum(p.numel() for p in model.parameters()) == trm + extra == 13_256_194
+
+
+def _roll(model, batch, segments=3):
+    """Outputs of ``segments`` consecutive ACT calls on the same batch."""
+    carry, outs = model.initial_carry(batch), []
+    for _ in range(segments):
+        carry, out = model(carry, batch)
+        outs.append(out)
+    return outs
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_noise_off_is_exactly_trm(model_batch, train):
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match="noise_scale=0"):
+        gram = build_model(GRAMConfig(**{**TINY, "noise_scale": 0.0}), TASK)
+    trm = build_model(TRMConfig(**{k: v for k, v in TINY.items() if k != "latent_dim"}), TASK)
+    missing, unexpected = gram.load_state_dict(trm.state_dict(), strict=False)
+    assert not unexpected and all(k.split(".")[0] in {"prior_head", "posterior_head", "noise_proj", "label_embed"}
+                                  for k in missing)
+    gram.train(train), trm.train(train)
+    batch = model_batch(TASK)
+    torch.manual_seed(1)  # same exploration draws in training
+    ours = _roll(gram, batch)
+    torch.manual_seed(1)
+    reference = _roll(trm, batch)
+    for mine, theirs in zip(ours, reference):
+        assert "aux_loss" not in mine
+        for key in ("logits", "q_halt_logits", "q_continue_logits"):
+            assert torch.equal(mine[key], theirs[key]), key
+
+
+def test_switching_noise_off_on_a_built_model_gives_its_core(model_batch):
+    torch.manual_seed(0)
+    gram = build_model(GRAMConfig(**TINY), TASK).eval()
+    batch = model_batch(TASK)
+    assert not torch.equal(_roll(gram, batch, 1)[0]["logits"], _roll(gram, batch, 1)[0]["logits"])  # stochastic
+    gram.noise_scale = 0.0
+    first, second = _roll(gram, batch, 1)[0], _roll(gram, batch, 1)[0]
+    assert torch.equal(first["logits"], second["logits"])
+
+
+def _count_calls(model, batch):
+    calls = {"prior_head": 0, "posterior_head": 0}
+    hooks = [getattr(model, name).register_forward_hook(lambda *_, n=name: calls.__setitem__(n, calls[n] + 1))
+             for name in calls]
+    _, outputs = model(model.initial_carry(batch), batch)
+    for hook in hooks:
+        hook.remove()
+    return calls, outputs
+
+
+def test_posterior_guides_every_training_transition_and_prior_every_eval_one(model_batch):
+    model = build_model(GRAMConfig(**TINY), TASK)
+    batch = model_batch(TASK)
+    calls, outputs = _count_calls(model.train(), batch)
+    # posterior in all 3 transitions; prior only for the KL of the last one
+    assert calls == {"posterior_head": 3, "prior_head": 1}
+    assert outputs["aux_loss"].requires_grad and not outputs["kl"].requires_grad
+    calls, outputs = _count_calls(model.eval(), batch)
+    assert calls == {"posterior_head": 0, "prior_head": 3} and "aux_loss" not in outputs
+
+
+def test_log_variance_is_clamped():
+    model = build_model(GRAMConfig(**TINY), TASK)
+    with torch.no_grad():
+        model.prior_head.down_proj.weight.mul_(1e4)
+    _, logvar = model.prior_head(torch.randn(2, 5, 32))
+    assert logvar.min() >= LOGVAR_MIN and logvar.max() <= LOGVAR_MAX
+    assert (logvar == LOGVAR_MIN).any() and (logvar == LOGVAR_MAX).any()
+
+
+def test_kl_is_zero_when_posterior_equals_prior(model_batch):
+    model = build_model(GRAMConfig(**TINY), TASK).train()
+    with torch.no_grad():  # posterior ignores repr(y) and reuses the prior's weights on u
+        post, prior = model.posterior_head, model.prior_head
+        post.gate_up_proj.weight.zero_()
+        post.gate_up_proj.weight[:, :32] = prior.gate_up_proj.weight
+        post.down_proj.weight.copy_(prior.down_proj.weight)
+    _, outputs = model(model.initial_carry(model_batch(TASK)), model_batch(TASK))
+    assert outputs["kl"] == 0 and outputs["aux_loss"] == 0
+
+
+def test_aux_loss_is_the_weighted_balanced_kl(model_batch):
+    torch.manual_seed(0)
+    model = build_model(GRAMConfig(**{**TINY, "kl_coef": 0.25}), TASK).train()
+    batch = model_batch(TASK)
+    carry, outputs = model(model.initial_carry(batch), batch)
+    assert outputs["kl"] > 0
+    torch.testing.assert_close(outputs["aux_loss"].detach(), 0.25 * outputs["kl"])
+    total, metrics = act_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps)
+    torch.testing.assert_close(total, metrics["lm_loss"].double() + 0.5 * metrics["q_halt_loss"].double()
+                               + outputs["aux_loss"].double())
+    assert metrics["kl"] == outputs["kl"]
+
+
+def _reference_loss(model: GRAM, batch: dict, probe: torch.Tensor) -> torch.Tensor:
+    """The segment by hand: posterior-guided transitions, all states detached but the last's."""
+    x = model.embed_input(batch["inputs"], batch["puzzle_identifiers"])
+    rope, target = model.rope(x.shape[1]), model.embed_labels(batch["labels"])
+    z_H, z_L = model.init_z_H.expand_as(x), model.init_z_L.expand_as(x)
+    for step in range(model.config.h_cycles):
+        last = step == model.config.h_cycles - 1
+        z_H, z_L, kl = model.transition(z_H, z_L, x, rope, target, last=last)
+        if not last:
+            z_H, z_L = z_H.detach(), z_L.detach()
+    logits = model.lm_head(z_H[:, model.prefix_len:])
+    return (logits * probe).sum() + model.q_head(z_H[:, 0]).sum() + model.config.kl_coef * kl.sum()
+
+
+def _grads(model, loss):
+    model.zero_grad()
+    loss.backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def test_gradients_only_through_the_last_transition(model_batch):
+    torch.manual_seed(0)
+    model = build_model(GRAMConfig(**{**TINY, "kl_coef": 0.1}), TASK).train()
+    batch = model_batch(TASK)
+    probe = torch.randn(2, TASK.seq_len, TASK.vocab_size)
+    torch.manual_seed(1)  # same noise draws in both passes
+    _, outputs = model(model.initial_carry(batch), batch)
+    loss = (outputs["logits"] * probe).sum() + outputs["q_halt_logits"].sum() + outputs["q_continue_logits"].sum()
+    ours = _grads(model, loss + outputs["aux_loss"])
+    torch.manual_seed(1)
+    reference = _grads(model, _reference_loss(model, batch, probe))
+    assert ours.keys() == reference.keys() and {"prior_head.down_proj.weight", "label_embed.weight"} <= ours.keys()
+    for name in ours:
+        torch.testing.assert_close(ours[name], reference[name], rtol=1e-4, atol=1e-6, msg=name)

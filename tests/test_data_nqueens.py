@@ -79,3 +79,23 @@ def test_unconditional_dataset(tmp_path):
         build_unconditional(tmp_path / "bad", n=6, repeats=0)
     with pytest.raises(ConfigError, match="n=3: the board has no solution"):
         build_unconditional(tmp_path / "bad", n=3, repeats=1)
+
+
+def test_verifier_registry_works_on_token_tensors():
+    import torch
+
+    from urm_ray.data.tasks.sudoku_solver import random_solution
+    from urm_ray.data.tasks.verify import verifier_for
+
+    boards = torch.from_numpy(solutions(6)).long()
+    broken = boards.clone()
+    broken[:, 0] = QUEEN_TOKEN if broken[0, 0] != QUEEN_TOKEN else EMPTY_TOKEN
+    accepts = verifier_for("nqueens", seq_len=36)
+    assert accepts(torch.cat([boards, broken[:1]])).tolist() == [True] * 4 + [False]
+    grid = torch.as_tensor(np.asarray(random_solution(4, np.random.default_rng(0))).reshape(1, 16) + 1)
+    swapped = grid[:, [1, 0, *range(2, 16)]]  # two cells of the first row swapped: columns break
+    assert verifier_for("sudoku", 16)(torch.cat([grid, swapped])).tolist() == [True, False]
+    with pytest.raises(ConfigError, match="task 'maze' has no verifier"):
+        verifier_for("maze", 36)
+    with pytest.raises(ConfigError, match="seq_len=35 is not a square"):
+        verifier_for("nqueens", 35)

@@ -161,3 +161,16 @@ def test_gaussian_kl_balance_splits_gradients() -> None:
         torch.testing.assert_close(b.grad, share * p.grad)
     with pytest.raises(ConfigError, match="balance=1.5"):
         gaussian_kl(*_gaussians(), balance=1.5)
+
+
+def test_act_loss_adds_a_models_aux_loss() -> None:
+    halted, steps = torch.ones(3, dtype=torch.bool), torch.ones(3)
+    base, base_metrics = act_loss(_outputs(), LABELS, halted, steps)
+    assert "kl" not in base_metrics and "aux_loss" not in base_metrics
+    aux = torch.tensor(0.7, requires_grad=True)
+    outputs = {**_outputs(), "aux_loss": aux, "kl": torch.tensor(7.0)}
+    total, metrics = act_loss(outputs, LABELS, halted, steps)
+    torch.testing.assert_close(total, base + 0.7)
+    total.backward()
+    assert aux.grad == 1
+    assert metrics["kl"] == 7.0 and metrics["aux_loss"] == 0.7 and not metrics["aux_loss"].requires_grad

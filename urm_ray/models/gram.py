@@ -18,6 +18,11 @@ segment, as in TRM, and the segment returns the KL of that transition:
 ``noise_scale = 0`` skips the guidance entirely: the model is then exactly TRM (same weight
 names, so a TRM state dict loads with ``strict=False``). Samples differ only through the global
 torch RNG; N trajectories run as one batch (see urm_ray.train.evaluate.evaluate_sampled).
+
+Small-scale caveat: the guidance is per position and is decoded by the per-position lm_head in
+the same transition, and no gradient reaches earlier transitions, so a briefly trained tiny
+model learns a per-cell posterior code that its prior cannot coordinate: on 6x6 N-Queens a
+CPU-minute model reconstructs from the posterior but its prior samples are not yet valid boards.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ class GRAMConfig(TRMConfig):
     # KL balancing: share of the KL gradient that trains the prior (paper 0.8); null = plain KL
     kl_balance: Optional[float] = 0.8
     # Q-halt label: "label" = the answer equals the label (act_loss's default); "verifier" = a
-    # task verifier accepts the answer. The loop must pass act_loss(halt_target=...) for it.
+    # task verifier accepts the answer. The training loop passes the dataset task's verifier.
     halt_target: Literal["label", "verifier"] = "label"
 
     def __post_init__(self) -> None:
@@ -76,9 +81,6 @@ class GRAMConfig(TRMConfig):
         if self.noise_scale == 0:
             warnings.warn("model.noise_scale=0: guidance is off (the model is TRM); model.kl_coef, "
                           "model.kl_balance and model.latent_dim have no effect")
-        if self.halt_target == "verifier":
-            warnings.warn("model.halt_target='verifier' has no effect unless the training loop passes "
-                          "act_loss(halt_target=verifier_accepts(...)); urm_ray.train.loop does not yet")
 
 
 class GaussianHead(nn.Module):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from torch import nn
 
 from urm_ray.config import RunConfig, build_config
 from urm_ray.data import stream
+from urm_ray.data.tasks.verify import verifier_for
 from urm_ray.losses import act_loss
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
@@ -53,9 +54,15 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     optimizers = build_optimizers(model, cfg.optim)
     position = _maybe_restore(model, ema, optimizers)
     tracker = make_tracker(loop_config["tracking_uri"], loop_config["run_id"], rank == 0)
-    Trainer(cfg, model, wrapped, ema, optimizers, tracker, device, rank, world, meta.seq_len).run(
-        position
-    )
+    trainer = Trainer(cfg, model, wrapped, ema, optimizers, tracker, device, rank, world, meta.seq_len)
+    if getattr(cfg.model, "halt_target", "label") == "verifier":
+        trainer.verifier = verifier_for(meta.task, meta.seq_len)
+    trainer.run(position)
+
+
+def _per_row(metric: str) -> bool:
+    """Losses and the KL are summed over every row; the other metrics over halted rows only."""
+    return metric.endswith("_loss") or metric == "kl"
 
 
 def _threads(cfg: RunConfig) -> int:
@@ -82,6 +89,8 @@ class Trainer:
         self.rank, self.world, self.seq_len = rank, world, seq_len
         self.local_batch = cfg.train.global_batch_size // world
         self.last_eval: dict[str, float] = {}
+        # GRAM's halting target "a task verifier accepts it" (None = "equals the label")
+        self.verifier: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def run(self, position: Position) -> None:
         cfg = self.cfg.train
@@ -131,8 +140,12 @@ class Trainer:
         self.wrapped.train()
         with self._autocast():
             carry, outputs = self.wrapped(carry, batch)
+            halt_target = None
+            if self.verifier is not None:
+                halt_target = self.verifier(outputs["logits"].detach().argmax(-1))
             loss, metrics = act_loss(
-                outputs, carry.current_data["labels"], carry.halted, carry.steps, self.cfg.train.loss
+                outputs, carry.current_data["labels"], carry.halted, carry.steps, self.cfg.train.loss,
+                halt_target=halt_target,
             )
         # Official scaling: sum over the global batch / global batch size. DDP averages
         # gradients over ranks, so each rank divides by its local batch size.
@@ -161,8 +174,7 @@ class Trainer:
         sums = self._all_reduce(sums)
         halted = max(float(sums.pop("count")), 1.0)
         rows = steps * self.cfg.train.global_batch_size
-        out = {f"train/{k}": float(v) / (rows if k.endswith("_loss") else halted)
-               for k, v in sums.items()}
+        out = {f"train/{k}": float(v) / (rows if _per_row(k) else halted) for k, v in sums.items()}
         out["train/lr"] = lr
         out["train/samples_per_s"] = rows / seconds
         out["train/tokens_per_s"] = rows * self.seq_len / seconds

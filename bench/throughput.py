@@ -26,7 +26,7 @@ from urm_ray.data.config import DataConfig
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.optim import EMA, build_optimizers
 from urm_ray.tracking import NullTracker
-from urm_ray.train.loop import Trainer
+from urm_ray.train.loop import Trainer, _threads
 
 # FlopCounterMode (torch 2.13) counts 0 for CPU SDPA, and `channels` times too much for URM's
 # depthwise conv backward (grad weight ignores groups, pytorch PR 183405): each half = 1 forward.
@@ -59,8 +59,9 @@ def timed(fn: partial[Any], device: torch.device) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
-def matmul_peak(device: torch.device, dtype: torch.dtype, size: int, repeats: int = 5) -> float:
-    """Best GFLOP/s of a [size, size] @ [size, size] torch.mm, after one warm-up call."""
+def matmul_peak(device: torch.device, bf16: bool, repeats: int = 5) -> float:
+    """Best GFLOP/s of a square torch.mm (bf16 8192 or fp32 2048 wide), after a warm-up call."""
+    size, dtype = (8192, torch.bfloat16) if bf16 else (2048, torch.float32)
     a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
     out = torch.mm(a, b)  # warm-up; the first timing also waits for it, and min() drops that
     best = min(timed(partial(torch.mm, a, b, out=out), device)[0] for _ in range(repeats))
@@ -96,18 +97,17 @@ def measure(trainer: Trainer, task: TaskSpec, warmup: int,
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg, device = load_config(args.config, args.overrides), torch.device(args.device)
-    threads = args.threads or cfg.train.torch_threads or int(cfg.train.cpus_per_worker)
-    torch.set_num_threads(max(1, threads))  # as the trainer does when --threads is 0
+    torch.set_num_threads(args.threads or _threads(cfg))  # the trainer's rule when --threads is 0
     torch.manual_seed(cfg.train.seed)
     task = task_spec(cfg.data, args)
     model = build_model(cfg.model, task).to(device)
     ema = EMA(model, cfg.optim.ema_decay) if cfg.optim.ema else None
     trainer = Trainer(cfg, model, model, ema, build_optimizers(model, cfg.optim), NullTracker(),
                       device, 0, cfg.train.num_workers, task.seq_len)  # world: batch size only
-    rows = trainer.local_batch
+    rows, bf16 = trainer.local_batch, device.type == "cuda" and cfg.train.bf16
+    peak_before = matmul_peak(device, bf16)
     flops, seconds, cpu_share = measure(trainer, task, args.warmup, args.steps)
-    bf16 = device.type == "cuda" and cfg.train.bf16
-    peak = matmul_peak(device, torch.bfloat16 if bf16 else torch.float32, 8192 if bf16 else 2048)
+    peak = max(peak_before, matmul_peak(device, bf16))  # other processes' load varies over time
     mean, tokens_per_row = statistics.mean(seconds), model.prefix_len + task.seq_len
     return {
         "config": " ".join([args.config, *args.overrides]), "device": str(device),

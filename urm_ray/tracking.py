@@ -3,13 +3,15 @@
 The only module that imports mlflow. The driver opens (or re-opens, on resume) the run and
 passes its id to the workers; rank 0 logs into it through a ``MlflowTracker``, every other rank
 gets a ``NullTracker``. Runs are found again by the tag ``urm_ray.run_name``, so a resumed
-training run keeps logging into the same MLflow run instead of starting a second one.
+training run keeps logging into the same MLflow run instead of starting a second one. Sweeps
+use the helpers at the end: runs found by name, nested runs, tags, artifacts, model registry.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -136,3 +138,76 @@ def make_tracker(tracking_uri: str, run_id: str, is_rank_zero: bool) -> Tracker:
         return MlflowTracker(tracking_uri, run_id)
     return NullTracker()
 
+
+
+# --- sweeps: finding runs again, tags, artifacts, the model registry --------------------------
+
+
+@dataclass
+class RunSummary:
+    """What a sweep reads back from a run."""
+
+    run_id: str
+    run_name: str
+    status: str  # RUNNING, FINISHED, KILLED, FAILED
+    tags: dict[str, str]
+    params: dict[str, str]
+    metrics: dict[str, float]  # latest value of each metric
+
+
+def find_run_id(tracking_uri: str, experiment: str, run_name: str) -> str | None:
+    """The run a previous attempt created under ``run_name`` (tag ``urm_ray.run_name``)."""
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    return find_run(client, found.experiment_id, run_name) if found is not None else None
+
+
+def run_summary(tracking_uri: str, run_id: str) -> RunSummary:
+    run = MlflowClient(tracking_uri).get_run(run_id)
+    return RunSummary(run.info.run_id, run.info.run_name, run.info.status, dict(run.data.tags),
+                      dict(run.data.params), dict(run.data.metrics))
+
+
+def child_runs(tracking_uri: str, experiment: str, parent_run_id: str) -> list[RunSummary]:
+    """Runs whose ``mlflow.parentRunId`` is ``parent_run_id``, oldest first."""
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    runs = client.search_runs([found.experiment_id], f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
+                              max_results=10000, order_by=["attributes.start_time ASC"])
+    return [run_summary(tracking_uri, r.info.run_id) for r in runs]
+
+
+def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
+    MlflowTracker(tracking_uri, run_id).set_tags(tags)
+
+
+def log_metrics(tracking_uri: str, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+    MlflowTracker(tracking_uri, run_id).log(metrics, step)
+
+
+def log_artifact(tracking_uri: str, run_id: str, path: str | Path,
+                 artifact_path: str | None = None) -> None:
+    MlflowTracker(tracking_uri, run_id).log_artifact(path, artifact_path)
+
+
+def register_torch_model(tracking_uri: str, run_id: str, model: Any, registered_name: str,
+                         extra_files: list[str], tags: dict[str, str]) -> str:
+    """Log ``model`` (a torch module) into the run and register it; returns the version."""
+    import mlflow
+    import mlflow.pytorch
+    import torch
+
+    mlflow.set_tracking_uri(tracking_uri)
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.pytorch.log_model(
+            model, name="model", registered_model_name=registered_name, extra_files=extra_files,
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "urm_ray"],
+            metadata=tags,
+        )
+    client = MlflowClient(tracking_uri)
+    version = info.registered_model_version
+    for key, value in tags.items():
+        client.set_model_version_tag(registered_name, str(version), key, value)
+    return str(version)

@@ -84,7 +84,10 @@ def check_resources(cfg: RunConfig, gpu: bool) -> None:
         )
 
 
-def build_trainer(cfg: RunConfig, run_id: str | None, gpu: bool) -> TorchTrainer:
+def build_trainer(
+    cfg: RunConfig, run_id: str | None, gpu: bool, callbacks: list[Any] | None = None
+) -> TorchTrainer:
+    """``callbacks``: Ray Train ``UserCallback``s, e.g. Tune's ``TuneReportCallback`` in a sweep."""
     resources = {"CPU": cfg.train.cpus_per_worker}
     if gpu:
         resources["GPU"] = cfg.train.gpus_per_worker
@@ -107,23 +110,33 @@ def build_trainer(cfg: RunConfig, run_id: str | None, gpu: bool) -> TorchTrainer
             storage_path=cfg.train.storage_path,
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
             failure_config=ray.train.FailureConfig(max_failures=cfg.train.max_failures),
+            callbacks=callbacks or [],
         ),
         datasets={"train": stream.train_dataset(cfg.data), "eval": eval_ds},
         dataset_config=ray.train.DataConfig(execution_options=stream.ingest_options()),
     )
 
 
-def fit(cfg: RunConfig, tags: dict[str, str] | None = None) -> FitResult:
-    """Train (or resume) one run; returns its final metrics and checkpoint path."""
+def fit(
+    cfg: RunConfig,
+    tags: dict[str, str] | None = None,
+    callbacks: list[Any] | None = None,
+    params: dict[str, Any] | None = None,
+) -> FitResult:
+    """Train (or resume) one run; returns its final metrics and checkpoint path.
+
+    ``tags`` and ``params`` are added to the MLflow run (a sweep passes the parent run id and the
+    sampled values); ``callbacks`` go to Ray Train's ``RunConfig``.
+    """
     cfg = resolve(cfg)
     stream.load_meta(cfg.data)  # a missing or malformed dataset fails here, before Ray starts
     if not ray.is_initialized():
         ray.init()
     gpu = use_gpu(cfg)
     check_resources(cfg, gpu)
-    run_id = _open_mlflow(cfg, tags)
+    run_id = _open_mlflow(cfg, tags, params)
     try:
-        result = build_trainer(cfg, run_id, gpu).fit()
+        result = build_trainer(cfg, run_id, gpu, callbacks).fit()
     except BaseException:
         if run_id:
             tracking.close_run(cfg.tracking.tracking_uri, run_id, "FAILED")
@@ -134,11 +147,14 @@ def fit(cfg: RunConfig, tags: dict[str, str] | None = None) -> FitResult:
     return FitResult(cfg.train.run_name, dict(result.metrics or {}), ckpt_path, run_id)
 
 
-def _open_mlflow(cfg: RunConfig, tags: dict[str, str] | None) -> str | None:
+def _open_mlflow(
+    cfg: RunConfig, tags: dict[str, str] | None, params: dict[str, Any] | None
+) -> str | None:
     if not cfg.tracking.enabled:
         return None
     return tracking.open_run(
-        cfg.tracking.tracking_uri, cfg.tracking.experiment, cfg.train.run_name, flatten(cfg), tags
+        cfg.tracking.tracking_uri, cfg.tracking.experiment, cfg.train.run_name,
+        {**flatten(cfg), **(params or {})}, tags,
     )
 
 

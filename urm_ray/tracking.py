@@ -203,6 +203,7 @@ def register_torch_model(tracking_uri: str, run_id: str, model: Any, registered_
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pytorch.log_model(
             model, name="model", registered_model_name=registered_name, extra_files=extra_files,
+            serialization_format="pickle",  # the ACT forward (carry, batch) is not traceable to pt2
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "urm_ray"],
             metadata=tags,
         )

@@ -44,7 +44,6 @@ class TrainConfig:
     keep_checkpoints: int = 2
     max_failures: int = 0  # worker-group restarts from the latest checkpoint after a crash
     bf16: bool = True  # bf16 autocast, applied only on GPU
-    compile: bool = False  # torch.compile the model (GPU recommended)
     storage_path: str = "runs"  # Ray Train storage: a local folder or s3://bucket/prefix
     run_name: str = ""  # stable name; reusing it resumes. "" = derived from model and time
 

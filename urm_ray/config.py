@@ -44,7 +44,12 @@ class TrainConfig:
     keep_checkpoints: int = 2
     max_failures: int = 0  # worker-group restarts from the latest checkpoint after a crash
     bf16: bool = True  # bf16 autocast, applied only on GPU
-    storage_path: str = "runs"  # Ray Train storage: a local folder or s3://bucket/prefix
+    # Ray Train storage: a local folder, or s3://bucket/prefix (multi-node clusters need one that
+    # every node reaches; a custom S3 endpoint such as MinIO comes from $AWS_ENDPOINT_URL)
+    storage_path: str = "runs"
+    # custom Ray resources each worker asks for on top of CPU/GPU, e.g. {"ondemand_gpu": 1} to
+    # keep a run on the node type that offers it (cluster/gpu.yaml)
+    worker_resources: dict = field(default_factory=dict)
     run_name: str = ""  # stable name; reusing it resumes. "" = derived from model and time
 
     def __post_init__(self) -> None:
@@ -65,6 +70,12 @@ class TrainConfig:
             raise ConfigError(f"train.torch_threads={self.torch_threads} must be >= 0")
         if self.keep_checkpoints < 1:
             raise ConfigError(f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")
+        for name, amount in self.worker_resources.items():
+            if name in ("CPU", "GPU", "cpu", "gpu") or not isinstance(amount, (int, float)) or amount <= 0:
+                raise ConfigError(
+                    f"train.worker_resources.{name}={amount!r}: expected a custom resource name "
+                    "(CPU and GPU come from train.cpus_per_worker / gpus_per_worker) and an amount > 0"
+                )
 
 
 @dataclass

@@ -34,7 +34,7 @@ DATA_CPU_RESERVE = 0.5  # CPU kept free for Ray Data's read/augment tasks (else 
 class FitResult:
     run_name: str
     metrics: dict[str, Any]
-    checkpoint_path: str | None
+    checkpoint_path: str | None  # local folder or URI (s3://...)
     mlflow_run_id: str | None
 
 
@@ -76,6 +76,12 @@ def check_resources(cfg: RunConfig, gpu: bool) -> None:
             f"{cfg.train.cpus_per_worker} plus {DATA_CPU_RESERVE} CPU for Ray Data needs "
             f"{need_cpu} CPUs; the cluster has {total.get('CPU', 0)}"
         )
+    for name, amount in cfg.train.worker_resources.items():
+        if cfg.train.num_workers * amount > total.get(name, 0):
+            raise ConfigError(
+                f"train.worker_resources.{name}={amount:g} x train.num_workers={cfg.train.num_workers}"
+                f" needs {cfg.train.num_workers * amount:g} {name}; the cluster has {total.get(name, 0):g}"
+            )
     need_gpu = cfg.train.num_workers * cfg.train.gpus_per_worker if gpu else 0
     if need_gpu > total.get("GPU", 0):
         raise ConfigError(
@@ -88,7 +94,7 @@ def build_trainer(
     cfg: RunConfig, run_id: str | None, gpu: bool, callbacks: list[Any] | None = None
 ) -> TorchTrainer:
     """``callbacks``: Ray Train ``UserCallback``s, e.g. Tune's ``TuneReportCallback`` in a sweep."""
-    resources = {"CPU": cfg.train.cpus_per_worker}
+    resources = {"CPU": cfg.train.cpus_per_worker, **cfg.train.worker_resources}
     if gpu:
         resources["GPU"] = cfg.train.gpus_per_worker
     eval_ds = stream.eval_dataset(cfg.data)
@@ -141,10 +147,18 @@ def fit(
         if run_id:
             tracking.close_run(cfg.tracking.tracking_uri, run_id, "FAILED")
         raise
-    ckpt_path = result.checkpoint.path if result.checkpoint is not None else None
+    ckpt_path = checkpoint_uri(result.checkpoint)
     if run_id:
         _finish_mlflow(cfg, run_id, result.checkpoint)
     return FitResult(cfg.train.run_name, dict(result.metrics or {}), ckpt_path, run_id)
+
+
+def checkpoint_uri(ckpt: ray.train.Checkpoint | None) -> str | None:
+    """A local folder, or ``s3://bucket/...`` for a checkpoint on remote storage."""
+    if ckpt is None:
+        return None
+    scheme = ckpt.filesystem.type_name  # "local", "s3", "gcs", ...
+    return ckpt.path if scheme == "local" else f"{scheme}://{ckpt.path}"
 
 
 def _open_mlflow(

@@ -17,7 +17,15 @@ from urm_ray.train.evaluate import accumulate, summarize
 
 
 def load_checkpoint(folder: str | Path) -> tuple[RunConfig, torch.nn.Module]:
-    """The run config and the evaluation model (EMA weights when the run kept an EMA)."""
+    """The run config and the evaluation model (EMA weights when the run kept an EMA).
+
+    ``folder`` may be a URI (``s3://bucket/.../checkpoint_...``): it is downloaded first.
+    """
+    if "://" in str(folder):
+        import ray.train
+
+        with ray.train.Checkpoint(str(folder)).as_directory() as local:
+            return load_checkpoint(local)
     folder = Path(folder)
     cfg = build_config(checkpoint.load_config_dict(folder))
     meta = stream.load_meta(cfg.data)

@@ -90,7 +90,7 @@ def _seed_config(info: SweepInfo, space: SearchSpace, trial: FrozenTrial, seed: 
     return space.trial_config(dict(trial.params), {
         **info.trial_overrides, "train.seed": seed, "data.shuffle_seed": seed,
         "train.run_name": f"{info.name}-final-t{trial.number:03d}-s{seed}",
-        "train.storage_path": str(info.path / "final"), "tracking.tracking_uri": info.tracking_uri,
+        "train.storage_path": info.runs_path("final"), "tracking.tracking_uri": info.tracking_uri,
         "tracking.experiment": info.experiment,
     })
 
@@ -139,7 +139,7 @@ def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, over
     data = with_values(space.base, {**dict(winner.params), **info.trial_overrides,
                                     **space.spec.final.overrides})
     data = apply_overrides(data, [*overrides, f"train.run_name={info.name}-final-t{winner.number:03d}",
-                                  f"train.storage_path={info.path / 'final'}",
+                                  f"train.storage_path={info.runs_path('final')}",
                                   f"tracking.tracking_uri={info.tracking_uri}",
                                   f"tracking.experiment={info.experiment}"])
     cfg = build_config(data)

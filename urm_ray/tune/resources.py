@@ -33,6 +33,7 @@ class Plan:
     trial_cpus: float
     concurrency: int
     torch_threads: int  # intra-op threads per worker: the CPUs a worker really gets
+    custom: tuple[tuple[str, float], ...] = ()  # custom Ray resources per worker
 
     @property
     def trial_total_cpus(self) -> float:
@@ -46,6 +47,7 @@ class Plan:
             "train.gpus_per_worker": self.gpus_per_worker or 1.0,
             "train.device": "cuda" if self.gpus_per_worker else "cpu",
             "train.torch_threads": self.torch_threads,
+            **{f"train.worker_resources.{name}": amount for name, amount in self.custom},
         }
 
     def describe(self, cluster: dict[str, float]) -> str:
@@ -63,8 +65,11 @@ def plan(cluster: dict[str, float], res: Resources, requested: int, trials: int)
     fit_cpu = math.floor((cpus - DATA_CPUS + _EPS) / per_trial_cpu) if cpus > DATA_CPUS else 0
     fit_gpu = math.floor((gpus + _EPS) / per_trial_gpu) if per_trial_gpu else fit_cpu
     fits = min(fit_cpu, fit_gpu)
+    for name, amount in res.custom.items():  # e.g. one "spot_gpu" per node: one worker per node
+        fits = min(fits, math.floor((cluster.get(name, 0.0) + _EPS) / (res.workers * amount)))
     if fits < 1:
         raise ConfigError(_missing(cluster, res, per_trial_cpu, per_trial_gpu))
+    custom = tuple(sorted((name, float(amount)) for name, amount in res.custom.items()))
     if requested > fits:
         raise ConfigError(
             f"concurrency={requested} needs {requested * per_trial_cpu + DATA_CPUS:g} CPUs"
@@ -75,11 +80,16 @@ def plan(cluster: dict[str, float], res: Resources, requested: int, trials: int)
     threads = max(1, math.floor((cpus - DATA_CPUS) / (concurrency * res.workers) + _EPS))
     if not res.gpus_per_worker:
         threads = min(threads, max(1, math.ceil(res.cpus_per_worker)))
-    return Plan(res.workers, res.cpus_per_worker, res.gpus_per_worker, TRIAL_CPUS, concurrency, threads)
+    return Plan(res.workers, res.cpus_per_worker, res.gpus_per_worker, TRIAL_CPUS, concurrency,
+                threads, custom)
 
 
 def _missing(cluster: dict[str, float], res: Resources, cpu: float, gpu: float) -> str:
     cpus, gpus = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
+    for name, amount in res.custom.items():
+        if res.workers * amount > cluster.get(name, 0.0):
+            return (f"one trial needs {res.workers * amount:g} {name} (resources.workers={res.workers}"
+                    f" x resources.custom.{name}={amount:g}); the cluster has {cluster.get(name, 0.0):g}")
     if gpu > gpus:
         return (f"one trial needs {gpu:g} GPUs (resources.workers={res.workers} x "
                 f"resources.gpus_per_worker={res.gpus_per_worker:g}); the cluster has {gpus:g}")

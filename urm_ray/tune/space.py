@@ -51,6 +51,9 @@ class Resources:
     workers: int = 1
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
+    # custom Ray resources per worker (train.worker_resources), e.g. {"spot_gpu": 1} to keep
+    # trials on the cluster's spot node types; concurrency is limited by what the cluster offers
+    custom: dict = field(default_factory=dict)
 
 
 @dataclass

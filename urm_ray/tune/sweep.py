@@ -62,10 +62,17 @@ class SweepInfo:
     parent_run_id: str = ""
     # dotted keys every trial (and the best config) gets: planned resources, resolved data path
     trial_overrides: dict[str, Any] = field(default_factory=dict)
+    # Ray Train storage of the trials' and final runs: the base config's train.storage_path when
+    # that is a URI (s3://..., which every node of a cluster reaches) plus /<name>; else the folder
+    run_storage: str = ""
 
     @property
     def path(self) -> Path:
         return Path(self.folder)
+
+    def runs_path(self, kind: str) -> str:
+        """Where the Train runs of ``kind`` ("trials", "final") keep their checkpoints."""
+        return f"{self.run_storage or self.folder}/{kind}"
 
     def save(self) -> None:
         (self.path / INFO_FILE).write_text(json.dumps(asdict(self), indent=2))
@@ -105,8 +112,10 @@ def create_sweep(source: str, overrides: list[str], name: str = "", root: str = 
     spec = {**to_dict(space.spec), "base": "base_config.yaml", "overrides": {}}
     (folder / "space.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     uri = tracking.resolve_tracking_uri(space.base_config.tracking.tracking_uri)
+    base_storage = space.base_config.train.storage_path
     info = SweepInfo(name, str(folder), storage_url or f"sqlite:///{folder / 'optuna.db'}", uri,
-                     f"sweep-{name}", source=str(find_space(source).resolve()))
+                     f"sweep-{name}", source=str(find_space(source).resolve()),
+                     run_storage=f"{base_storage.rstrip('/')}/{name}" if "://" in base_storage else "")
     info.save()
     return info, load_space(str(folder / "space.yaml"))
 
@@ -200,7 +209,7 @@ def prepare_data(space: SearchSpace) -> str:
 
 
 def _trial_extra(info: SweepInfo) -> dict[str, Any]:
-    return {**info.trial_overrides, "train.storage_path": str(info.path / "trials"),
+    return {**info.trial_overrides, "train.storage_path": info.runs_path("trials"),
             "tracking.tracking_uri": info.tracking_uri, "tracking.experiment": info.experiment}
 
 

@@ -1,0 +1,166 @@
+"""Cloud storage end to end, against local stand-ins: a moto S3 server and a real MLflow server (slow).
+
+What a cluster does, on one machine: ``mlflow server`` keeps runs in SQLite and artifacts in an
+S3 bucket (``--artifacts-destination s3://...``, reached through ``MLFLOW_S3_ENDPOINT_URL``);
+``urm-ray train`` finds the server through ``MLFLOW_TRACKING_URI`` and writes its Ray Train
+checkpoints to ``train.storage_path=s3://...`` (custom endpoint from ``AWS_ENDPOINT_URL``).
+A 4-step run checkpoints to S3; the same run name with 8 steps resumes there at step 4 and
+logs into the same MLflow run; artifacts and checkpoints are read back from the bucket with boto3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from test_cluster import free_port, subprocess_env
+
+pytestmark = pytest.mark.slow
+
+BUCKET = "urm-ray-test"
+FAKE_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1"}
+BIN = Path(sys.executable).parent
+TINY_RUN = ["model.hidden_size=16", "model.num_heads=2", "model.num_layers=1", "model.loops=2",
+            "model.truncation=1", "model.max_segments=2", "model.expansion=1.0",
+            "train.num_workers=1", "train.cpus_per_worker=1", "train.torch_threads=1",
+            "train.global_batch_size=16", "train.log_every=2", "train.checkpoint_every=4",
+            "train.eval_every=0", "train.eval_max_rows=16", "optim.warmup_steps=1",
+            "tracking.experiment=cloud", "train.run_name=s3-resume"]
+
+
+class Server:
+    """A server in its own process group (``mlflow server`` forks workers): stop kills the group."""
+
+    def __init__(self, cmd: list[str], url: str, log: Path, env: dict[str, str]) -> None:
+        start = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        self.startup_s = self._wait(url, log, start)
+
+    def _wait(self, url: str, log: Path, start: float, timeout: float = 120) -> float:
+        while time.monotonic() - start < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{url} exited: {log.read_text()[-2000:]}")
+            try:
+                urllib.request.urlopen(url, timeout=2)
+                return time.monotonic() - start
+            except OSError:
+                time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"{url} not up after {timeout} s: {log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(timeout=15)
+                return
+            except ProcessLookupError:
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A moto S3 server with an empty bucket; yields its endpoint URL."""
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    server = Server([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                    f"{endpoint}/moto-api/", log, {**os.environ, **FAKE_AWS})
+    try:
+        client(endpoint).create_bucket(Bucket=BUCKET)
+        yield endpoint
+    finally:
+        server.stop()
+
+
+def client(endpoint: str):
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                        aws_secret_access_key="testing", region_name="us-east-1")
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(s3, tmp_path_factory):
+    """``mlflow server``: SQLite backend, artifacts proxied to s3://BUCKET/mlflow on moto."""
+    folder = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    cmd = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+           "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
+           "--artifacts-destination", f"s3://{BUCKET}/mlflow", "--workers", "1"]
+    env = {**os.environ, **FAKE_AWS, "MLFLOW_S3_ENDPOINT_URL": s3,
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    server = Server(cmd, f"http://127.0.0.1:{port}/health", folder / "server.log", env)
+    print(f"mlflow server up in {server.startup_s:.1f} s")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def train(args: list[str], env: dict[str, str], timeout: float = 420) -> dict:
+    """``urm-ray train`` in a subprocess with its own private Ray instance; its JSON summary."""
+    cmd = [sys.executable, "-m", "urm_ray.cli", "train", "sudoku4-urm", *args]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(done.stdout[done.stdout.rindex("\n{\n"):])
+
+
+@pytest.fixture(scope="module")
+def runs(s3, mlflow_server, tmp_path_factory):
+    """4 steps with a checkpoint, then the same run name to 8 steps: both on S3 and the server."""
+    from urm_ray.data.tasks import sudoku
+
+    data = tmp_path_factory.mktemp("data") / "sudoku4"
+    sudoku.build_generated(data, size=4, num_train=64, num_test=16, blanks=6, seed=1)
+    # No tracking.tracking_uri: the run must find the server through MLFLOW_TRACKING_URI.
+    env = subprocess_env(**FAKE_AWS, AWS_ENDPOINT_URL=s3, MLFLOW_TRACKING_URI=mlflow_server,
+                         RAY_ADDRESS="local")
+    common = [*TINY_RUN, f"data.path={data}", f"train.storage_path=s3://{BUCKET}/runs"]
+    start = time.monotonic()
+    first = train([*common, "train.steps=4"], env)
+    middle = time.monotonic()
+    second = train([*common, "train.steps=8"], env)
+    print(f"S3 runs: first {middle - start:.0f} s, resumed {time.monotonic() - middle:.0f} s")
+    return first, second
+
+
+def test_checkpoints_on_s3_and_resume_there(runs, s3):
+    first, second = runs
+    assert first["step"] == 4 and second["step"] == 8
+    assert first["checkpoint"].startswith(f"s3://{BUCKET}/runs/s3-resume/checkpoint_")
+    assert second["checkpoint"].startswith(f"s3://{BUCKET}/runs/s3-resume/checkpoint_")
+    keys = [o["Key"] for o in client(s3).list_objects_v2(Bucket=BUCKET, Prefix="runs/s3-resume/")["Contents"]]
+    assert sum(k.endswith("/state.pt") for k in keys) == 2, keys  # steps 4 and 8 (keep 2)
+    assert second["mlflow_run_id"] == first["mlflow_run_id"], "resume must log into the same run"
+
+
+def test_mlflow_server_records_the_run_with_artifacts_in_s3(runs, s3, mlflow_server):
+    _, second = runs
+    mlflow = MlflowClient(mlflow_server)
+    run = mlflow.get_run(second["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.info.artifact_uri.startswith("mlflow-artifacts:")
+    history = mlflow.get_metric_history(run.info.run_id, "train/lm_loss")
+    # 2, 4 from the first run; 6, 8 after resuming at step 4: nothing trained twice or skipped
+    assert sorted(m.step for m in history) == [2, 4, 6, 8]
+    # read back from the bucket itself, not through MLflow
+    prefix = f"mlflow/{run.info.experiment_id}/{run.info.run_id}/artifacts/"
+    objects = client(s3).list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]
+    names = {o["Key"][len(prefix):] for o in objects}
+    assert {"config.yaml", "checkpoint/state.pt", "checkpoint/config.yaml"} <= names, names
+    body = client(s3).get_object(Bucket=BUCKET, Key=prefix + "config.yaml")["Body"].read()
+    saved = yaml.safe_load(body)
+    assert saved["train"]["steps"] == 8 and saved["tracking"]["tracking_uri"] == mlflow_server

@@ -1,0 +1,164 @@
+"""The cluster: cluster/gpu.yaml against Ray's own autoscaler schema, and a sweep on several nodes.
+
+- ``cluster/gpu.yaml`` goes through what ``ray up`` does to it before launching anything
+  (``prepare_config``: defaults, docker checks) and the JSON schema shipped inside the ray package;
+  the project's rules for it are checked too (instance profile, images, spot/on-demand, S3, ports).
+- A local Ray cluster of three nodes on this machine (``ray.cluster_utils.Cluster``) runs a
+  2-trial sweep through the ``urm-ray`` CLI: the two worker nodes each offer one ``trial_slot``
+  and each trial's worker asks for one, so the trials must land on different nodes, which the
+  Ray State API's record of the Train workers confirms (slow).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+import ray
+from ray.autoscaler._private.util import prepare_config, validate_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER_YAML = ROOT / "cluster" / "gpu.yaml"
+SCHEMA = Path(ray.autoscaler.__file__).parent / "ray-schema.json"
+
+
+@pytest.fixture
+def cluster_config() -> dict:
+    return yaml.safe_load(CLUSTER_YAML.read_text())
+
+
+def test_cluster_yaml_passes_ray_validation(cluster_config):
+    prepared = prepare_config(copy.deepcopy(cluster_config))  # what `ray up` does first
+    validate_config(prepared)
+    jsonschema.validate(cluster_config, json.loads(SCHEMA.read_text()))  # the file as written
+
+
+@pytest.mark.parametrize("mistake", ["typo_key", "fractional_gpu", "unknown_head"])
+def test_validation_catches_mistakes(cluster_config, mistake):
+    bad = copy.deepcopy(cluster_config)
+    if mistake == "typo_key":
+        bad["available_node_types"]["head"]["node_confg"] = {}
+    elif mistake == "fractional_gpu":
+        bad["available_node_types"]["gpu-spot-a10g"]["resources"]["GPU"] = 0.5
+    else:
+        bad["head_node_type"] = "nope"
+    with pytest.raises((jsonschema.ValidationError, ValueError)):
+        validate_config(prepare_config(bad))
+
+
+def test_node_types_head_spot_and_on_demand(cluster_config):
+    types = cluster_config["available_node_types"]
+    head = types[cluster_config["head_node_type"]]
+    assert head["resources"].get("GPU", 0) == 0 and "InstanceMarketOptions" not in head["node_config"]
+    workers = {name: t for name, t in types.items() if t is not head}
+    spot = [t for t in workers.values() if t["node_config"].get("InstanceMarketOptions", {}).get("MarketType") == "spot"]
+    on_demand = [t for t in workers.values() if "InstanceMarketOptions" not in t["node_config"]]
+    assert len(spot) >= 2 and all(t["resources"]["GPU"] == 1 for t in spot)
+    assert on_demand and all(t["resources"]["GPU"] > 1 for t in on_demand)
+    assert all(t.get("min_workers", 0) == 0 for t in workers.values())  # autoscaled from zero
+    for t in types.values():  # credentials from an instance profile, never keys
+        assert "instance-profile/" in t["node_config"]["IamInstanceProfile"]["Arn"]
+
+
+def test_only_ssh_is_open_to_the_world(cluster_config):
+    rules = cluster_config["provider"]["security_group"]["IpPermissions"]
+    assert [(r["FromPort"], r["ToPort"]) for r in rules] == [(22, 22)]
+    text = CLUSTER_YAML.read_text()
+    assert "aws_access_key_id" not in text.lower() and "AWS_SECRET" not in text
+
+
+def test_images_storage_and_mlflow(cluster_config):
+    docker = cluster_config["docker"]
+    assert docker["head_image"].endswith("-cpu") and docker["worker_image"].endswith("-gpu")
+    head_start = " ".join(cluster_config["head_start_ray_commands"])
+    assert "mlflow server" in head_start and "--artifacts-destination s3://" in head_start
+    assert "MLFLOW_TRACKING_URI" in head_start
+    assert "MLFLOW_TRACKING_URI" in " ".join(cluster_config["worker_start_ray_commands"])
+    for placeholder in ("ACCOUNT_ID", "BUCKET", "IMAGE_TAG", "AMI_ID"):  # each one explained on top
+        assert placeholder in CLUSTER_YAML.read_text().split("cluster_name:")[0]
+
+
+# --- a sweep on a local multi-node cluster (slow) ------------------------------------------------
+
+TINY_SPACE = {
+    "base": "sudoku4-urm",
+    "overrides": {
+        "model.hidden_size": 16, "model.num_heads": 2, "model.num_layers": 1, "model.expansion": 1.0,
+        "model.max_segments": 2, "train.steps": 4, "train.global_batch_size": 8,
+        "train.log_every": 2, "train.eval_every": 4, "train.checkpoint_every": 0,
+        "train.eval_max_rows": 16, "optim.warmup_steps": 1,
+    },
+    "params": {"model.loops": {"type": "int", "low": 2, "high": 3},
+               "model.truncation": {"type": "int", "low": 0, "high": "model.loops - 1"}},
+    "objectives": [{"metric": "eval/token_accuracy", "mode": "max"}],
+    "trials": 2,
+    "concurrency": 2,
+    "resources": {"workers": 1, "cpus_per_worker": 0.5, "custom": {"trial_slot": 1}},
+    "scheduler": {"name": "none"},
+    "search": {"sampler": "random", "seed": 0},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def write_tiny_sweep(folder: Path, space: dict = TINY_SPACE) -> tuple[Path, Path]:
+    """A tiny 4x4 Sudoku dataset and a search space over it; returns (space file, data folder)."""
+    from urm_ray.data.tasks import sudoku
+
+    data = folder / "sudoku4"
+    sudoku.build_generated(data, size=4, num_train=64, num_test=16, blanks=6, seed=1)
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
+    return path, data
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This environment, with this checkout importable by every Ray process started from it."""
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+@pytest.mark.slow
+def test_sweep_trials_land_on_different_nodes(tmp_path: Path, monkeypatch):
+    from ray.cluster_utils import Cluster
+    from ray.util.state import list_actors
+
+    space, data = write_tiny_sweep(tmp_path)
+    dashboard = free_port()
+    # Every Ray process of this cluster (started from here) and the sweep find its State API here.
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", f"http://127.0.0.1:{dashboard}")
+    monkeypatch.setenv("PYTHONPATH", subprocess_env()["PYTHONPATH"])
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={
+        "num_cpus": 2, "include_dashboard": True, "dashboard_port": dashboard})
+    try:
+        nodes = [cluster.add_node(num_cpus=1, resources={"trial_slot": 1}) for _ in range(2)]
+        cluster.wait_for_nodes()
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        cmd = [sys.executable, "-m", "urm_ray.cli", "sweep", str(space), "--name", "nodes",
+               "--dir", str(tmp_path / "sweeps"), f"data.path={data}", f"tracking.tracking_uri={uri}"]
+        done = subprocess.run(cmd, env=subprocess_env(RAY_ADDRESS=cluster.address),
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert '"finished": 2' in done.stdout
+        workers = list_actors(address=f"http://127.0.0.1:{dashboard}",
+                              filters=[("class_name", "=", "RayTrainWorker")], detail=True,
+                              raise_on_missing_output=False)
+        used = {w.node_id for w in workers}
+        assert len(workers) == 2 and len(used) == 2, workers
+        assert used == {n.node_id for n in nodes}
+    finally:
+        cluster.shutdown()

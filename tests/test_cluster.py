@@ -87,6 +87,68 @@ def test_images_storage_and_mlflow(cluster_config):
         assert placeholder in CLUSTER_YAML.read_text().split("cluster_name:")[0]
 
 
+# --- growing an autoscaling cluster (urm_ray.cluster) and custom resources ------------------------
+
+
+def test_scale_up_asks_waits_and_withdraws(monkeypatch):
+    from urm_ray import cluster
+
+    seen, states = [], iter([{"CPU": 0.0}, {"CPU": 4.0}, {"CPU": 8.0, "GPU": 2.0}])
+    current = {"CPU": 0.0}
+
+    def resources():
+        return current
+
+    def grow(*_):
+        current.update(next(states, current))
+
+    monkeypatch.setattr(cluster.ray, "cluster_resources", resources)
+    monkeypatch.setattr(cluster.time, "sleep", grow)
+    wanted = [{"CPU": 1.0}, {"CPU": 4.0, "GPU": 1.0, "spot": 0.0}, {"CPU": 2.0, "GPU": 1.0}]
+    with cluster.scaled_up(wanted, timeout_s=60, request=lambda bundles: seen.append(bundles)):
+        assert cluster.holds(current, wanted)
+    assert seen == [[{"CPU": 1.0}, {"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0, "GPU": 1.0}], []]
+
+
+def test_scale_up_times_out_naming_what_is_missing(monkeypatch):
+    from urm_ray import cluster
+    from urm_ray.errors import ConfigError
+
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    seen = []
+    with pytest.raises(ConfigError, match="did not grow"):
+        with cluster.scaled_up([{"GPU": 1.0}], timeout_s=0.01, poll_s=0.001,
+                              request=lambda bundles: seen.append(bundles)):
+            pass
+    assert seen[-1] == []  # the request is withdrawn even when the wait fails
+    with cluster.scaled_up([{"GPU": 8.0}], timeout_s=0, request=lambda bundles: seen.append(bundles)):  # 0: no request
+        pass
+    assert len(seen) == 2
+
+
+def test_bundles_and_custom_resources_in_the_plan():
+    from urm_ray.config import load_config
+    from urm_ray.errors import ConfigError
+    from urm_ray.train.driver import worker_bundles
+    from urm_ray.tune.resources import plan, trial_bundles
+    from urm_ray.tune.space import Resources
+
+    res = Resources(workers=2, cpus_per_worker=4, gpus_per_worker=1, custom={"spot_gpu": 1})
+    bundles = trial_bundles(res, 3)
+    assert len(bundles) == 1 + 3 * 3 and sum(b.get("GPU", 0) for b in bundles) == 6
+    # 4 spot_gpu in the cluster: 2 trials of 2 workers, however many GPUs and CPUs there are
+    the_plan = plan({"CPU": 64, "GPU": 16, "spot_gpu": 4}, res, 0, 10)
+    assert the_plan.concurrency == 2
+    assert the_plan.train_overrides()["train.worker_resources.spot_gpu"] == 1.0
+    with pytest.raises(ConfigError, match="spot_gpu"):
+        plan({"CPU": 64, "GPU": 16}, res, 0, 10)
+    cfg = load_config("sudoku4-urm", ["train.num_workers=2", "train.worker_resources={ondemand: 1}",
+                                      "train.device=cpu"])
+    assert worker_bundles(cfg)[1:] == [{"CPU": 1.0, "GPU": 0.0, "ondemand": 1}] * 2
+    with pytest.raises(ConfigError, match="worker_resources.GPU"):
+        load_config("sudoku4-urm", ["train.worker_resources={GPU: 1}"])
+
+
 # --- a sweep on a local multi-node cluster (slow) ------------------------------------------------
 
 TINY_SPACE = {

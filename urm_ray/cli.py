@@ -33,7 +33,7 @@ def _train(args: argparse.Namespace) -> None:
     from urm_ray.config import load_config
     from urm_ray.train.driver import fit
 
-    result = fit(load_config(args.config, args.overrides))
+    result = fit(load_config(args.config, args.overrides), scale_up_s=args.scale_up)
     summary = {k: v for k, v in result.metrics.items() if k.startswith("eval/") or k == "step"}
     print(json.dumps({"run_name": result.run_name, "checkpoint": result.checkpoint_path,
                       "mlflow_run_id": result.mlflow_run_id, **summary}, indent=2))
@@ -58,7 +58,7 @@ def _sweep(args: argparse.Namespace) -> None:
     else:
         info, space = create_sweep(args.space, args.overrides, args.name, args.dir, args.storage)
     print(f"sweep {info.name} in {info.folder} (MLflow experiment {info.experiment!r})", flush=True)
-    outcome = run_sweep(info, space, resume=bool(args.resume))
+    outcome = run_sweep(info, space, resume=bool(args.resume), scale_up_s=args.scale_up)
     print(json.dumps({"sweep": outcome.name, "finished": outcome.finished,
                       "requested": outcome.requested, f"best {space.metric}": outcome.best_value,
                       "best_config": outcome.best_config_path}, indent=2))
@@ -77,7 +77,8 @@ def _best(args: argparse.Namespace) -> None:
 def _final(args: argparse.Namespace) -> None:
     from urm_ray.tune.best import final
 
-    outcome = final(args.name, args.dir, args.seeds, args.top, args.overrides, args.model_name)
+    outcome = final(args.name, args.dir, args.seeds, args.top, args.overrides, args.model_name,
+                    scale_up_s=args.scale_up)
     summary = {k: v for k, v in outcome.metrics.items() if k.startswith("eval/") or k == "step"}
     print(json.dumps({"winner_trial": outcome.winner, "seed_scores": outcome.scores,
                       "mlflow_run_id": outcome.run_id, "registered_model": outcome.model_name,
@@ -111,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train one run (resumes when train.run_name exists)")
     train.add_argument("config", help="YAML path or preset name (see `urm-ray presets`)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.loops=8")
+    _scale_up_option(train)
     train.set_defaults(func=_train)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder on its held-out split")
@@ -147,6 +149,7 @@ def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--storage", default="",
                        help="Optuna database URL (default: sqlite in the sweep folder)")
     sweep.add_argument("--dir", default="sweeps", help="folder holding sweeps (default ./sweeps)")
+    _scale_up_option(sweep)
     sweep.set_defaults(func=_sweep)
 
     best = sub.add_parser("best", help="print and export the best config of a sweep")
@@ -162,7 +165,14 @@ def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
     fin.add_argument("--top", type=int, default=0, help="configs to re-check (default: the space's)")
     fin.add_argument("--model-name", default="", help="registered model (default urm-ray-<sweep>)")
     fin.add_argument("--dir", default="sweeps")
+    _scale_up_option(fin)
     fin.set_defaults(func=_final)
+
+
+def _scale_up_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scale-up", type=float, default=0.0, metavar="SECONDS",
+                        help="on an autoscaling cluster: ask for the nodes this run needs and wait "
+                             "up to SECONDS for them (default 0: use the cluster as it is)")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -21,6 +21,7 @@ import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from urm_ray import tracking
+from urm_ray.cluster import scaled_up
 from urm_ray.config import RunConfig, dump_yaml, flatten
 from urm_ray.data import builtin, stream
 from urm_ray.errors import ConfigError
@@ -128,16 +129,31 @@ def fit(
     tags: dict[str, str] | None = None,
     callbacks: list[Any] | None = None,
     params: dict[str, Any] | None = None,
+    scale_up_s: float = 0.0,
 ) -> FitResult:
     """Train (or resume) one run; returns its final metrics and checkpoint path.
 
     ``tags`` and ``params`` are added to the MLflow run (a sweep passes the parent run id and the
-    sampled values); ``callbacks`` go to Ray Train's ``RunConfig``.
+    sampled values); ``callbacks`` go to Ray Train's ``RunConfig``. ``scale_up_s`` > 0: first ask
+    the autoscaler for the workers (GPUs unless ``train.device=cpu``) and wait that long for them.
     """
     cfg = resolve(cfg)
     stream.load_meta(cfg.data)  # a missing or malformed dataset fails here, before Ray starts
     if not ray.is_initialized():
         ray.init()
+    with scaled_up(worker_bundles(cfg), scale_up_s):
+        return _fit(cfg, tags, callbacks, params)
+
+
+def worker_bundles(cfg: RunConfig) -> list[dict[str, float]]:
+    """The run's workers (and Ray Data's CPU) as autoscaler bundles."""
+    gpus = 0.0 if cfg.train.device == "cpu" else cfg.train.gpus_per_worker
+    worker = {"CPU": cfg.train.cpus_per_worker, "GPU": gpus, **cfg.train.worker_resources}
+    return [{"CPU": DATA_CPU_RESERVE}] + [dict(worker) for _ in range(cfg.train.num_workers)]
+
+
+def _fit(cfg: RunConfig, tags: dict[str, str] | None, callbacks: list[Any] | None,
+         params: dict[str, Any] | None) -> FitResult:
     gpu = use_gpu(cfg)
     check_resources(cfg, gpu)
     run_id = _open_mlflow(cfg, tags, params)

@@ -24,8 +24,10 @@ from optuna.trial import FrozenTrial
 from ray import tune
 
 from urm_ray import tracking
+from urm_ray.cluster import scaled_up
 from urm_ray.config import RunConfig, apply_overrides, build_config, dump_yaml
 from urm_ray.errors import ConfigError
+from urm_ray.tune.resources import trial_bundles
 from urm_ray.tune.report import BEST_FILE, best_config, ranked
 from urm_ray.tune.space import SearchSpace, with_values
 from urm_ray.tune.sweep import DEFAULT_ROOT, SweepInfo, init_ray, load_sweep
@@ -61,8 +63,12 @@ def export_best(name: str, root: str = DEFAULT_ROOT, out: str = "") -> tuple[Fro
 
 
 def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
-          overrides: list[str] | None = None, model_name: str = "") -> FinalOutcome:
-    """Re-evaluate the top configs over seeds, train the winner at full length, register it."""
+          overrides: list[str] | None = None, model_name: str = "",
+          scale_up_s: float = 0.0) -> FinalOutcome:
+    """Re-evaluate the top configs over seeds, train the winner at full length, register it.
+
+    ``scale_up_s`` > 0: ask the autoscaler for the nodes of each stage and wait that long.
+    """
     info, space = load_sweep(name, root)
     candidates = top_trials(info, space, top or space.spec.final.top)
     seeds = seeds or space.spec.final.seeds
@@ -74,12 +80,15 @@ def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
         {tracking.PARENT_TAG: info.parent_run_id, KIND_TAG: "final", SWEEP_TAG: name},
     )
     if len(candidates) > 1 or seeds > 1:
-        scores = _reevaluate(info, space, candidates, seeds, parent)
+        bundles = trial_bundles(space.spec.resources, len(candidates) * seeds)
+        with scaled_up(bundles, scale_up_s):
+            scores = _reevaluate(info, space, candidates, seeds, parent)
     else:  # one config, one seed: its sweep result is all there is to know
         scores = {candidates[0].number: [candidates[0].values[0]]}
     sign = 1.0 if space.mode == "max" else -1.0
     winner = max(candidates, key=lambda t: sign * statistics.fmean(scores[t.number]))
-    outcome = _train_winner(info, space, winner, overrides or [], parent, model_name or f"urm-ray-{name}")
+    outcome = _train_winner(info, space, winner, overrides or [], parent,
+                            model_name or f"urm-ray-{name}", scale_up_s)
     outcome.scores = scores
     _log_scores(info, space, parent, scores, winner.number)
     tracking.close_run(info.tracking_uri, parent, "FINISHED")
@@ -132,7 +141,7 @@ def _reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTria
 
 
 def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, overrides: list[str],
-                  parent: str, model_name: str) -> FinalOutcome:
+                  parent: str, model_name: str, scale_up_s: float = 0.0) -> FinalOutcome:
     from urm_ray.train.driver import fit
     from urm_ray.train.offline import load_checkpoint
 
@@ -145,7 +154,8 @@ def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, over
     cfg = build_config(data)
     tags = {tracking.PARENT_TAG: parent, KIND_TAG: "final", SWEEP_TAG: info.name,
             TRIAL_TAG: str(winner.number)}
-    result = fit(cfg, tags=tags, params={f"sampled.{k}": v for k, v in winner.params.items()})
+    result = fit(cfg, tags=tags, params={f"sampled.{k}": v for k, v in winner.params.items()},
+                 scale_up_s=scale_up_s)
     version = None
     if result.checkpoint_path and result.mlflow_run_id:
         run_cfg, model = load_checkpoint(result.checkpoint_path)  # EMA weights when the run kept one

@@ -84,6 +84,12 @@ def plan(cluster: dict[str, float], res: Resources, requested: int, trials: int)
                 threads, custom)
 
 
+def trial_bundles(res: Resources, trials: int) -> list[dict[str, float]]:
+    """What ``trials`` concurrent trials ask of the cluster, as autoscaler bundles (one per actor)."""
+    worker = {"CPU": res.cpus_per_worker, "GPU": res.gpus_per_worker, **res.custom}
+    return [{"CPU": DATA_CPUS}] + trials * ([{"CPU": TRIAL_CPUS}] + res.workers * [dict(worker)])
+
+
 def _missing(cluster: dict[str, float], res: Resources, cpu: float, gpu: float) -> str:
     cpus, gpus = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
     for name, amount in res.custom.items():

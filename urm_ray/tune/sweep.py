@@ -34,11 +34,12 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
 
 from urm_ray import tracking
+from urm_ray.cluster import scaled_up
 from urm_ray.data import builtin, stream
 from urm_ray.errors import ConfigError
 from urm_ray.tune import report
 from urm_ray.tune.fate import FateRecorder
-from urm_ray.tune.resources import Plan, plan
+from urm_ray.tune.resources import Plan, plan, trial_bundles
 from urm_ray.tune.search import TRIAL_KEY, SweepSearch, make_sampler
 from urm_ray.tune.space import SearchSpace, find_space, load_space
 from urm_ray.tune.table import TrialTable
@@ -131,14 +132,23 @@ def load_sweep(name: str, root: str = DEFAULT_ROOT) -> tuple[SweepInfo, SearchSp
 
 
 def run_sweep(info: SweepInfo, space: SearchSpace, resume: bool = False,
-              callbacks: list[tune.Callback] | None = None) -> SweepOutcome:
+              callbacks: list[tune.Callback] | None = None, scale_up_s: float = 0.0) -> SweepOutcome:
     """Run (or continue) the sweep to its number of trials, then write its report.
 
     ``callbacks``: extra Tune callbacks for a new sweep (a resumed one keeps its saved ones).
+    ``scale_up_s`` > 0: first ask the autoscaler for ``concurrency`` trials (all of them when
+    ``concurrency`` is 0) and wait that long for the nodes.
     """
     data_path = prepare_data(space)
     if not ray.is_initialized():
         init_ray(log_to_driver=not sys.stdout.isatty())  # on a terminal the table owns the screen
+    wanted = space.spec.concurrency or space.spec.trials
+    with scaled_up(trial_bundles(space.spec.resources, wanted), scale_up_s):
+        return _run(info, space, resume, callbacks, data_path)
+
+
+def _run(info: SweepInfo, space: SearchSpace, resume: bool, callbacks: list[tune.Callback] | None,
+         data_path: str) -> SweepOutcome:
     cluster = ray.cluster_resources()
     the_plan = plan(cluster, space.spec.resources, space.spec.concurrency, space.spec.trials)
     print(f"sweep {info.name}: {the_plan.describe(cluster)}", flush=True)

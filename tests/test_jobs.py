@@ -1,0 +1,121 @@
+"""``ray job submit --working-dir . -- urm-ray sweep ...`` against a head started here (slow).
+
+The cluster workflow's submit step, on one machine: ``ray start --head`` (its own ports and temp
+folder, in its own process group, stopped by killing that group: never ``ray stop``, which stops
+every Ray instance of the user), then a 2-trial sweep submitted with the checkout as working
+directory. The job runs the head's Python; the uploaded working directory is what makes this
+checkout's ``urm_ray`` the one imported by the job and by every trial and Train worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from test_cluster import ROOT, TINY_SPACE, free_port, subprocess_env, write_tiny_sweep
+
+pytestmark = pytest.mark.slow
+
+RAY = str(Path(sys.executable).parent / "ray")
+# The upload skips what .gitignore lists too; these are named so that a checkout without that
+# .gitignore (or with local sweeps and runs lying around) still uploads only the code.
+EXCLUDES = [".venv", ".git", "runs", "sweeps", "mlflow.db", "mlruns", "data", "**/__pycache__"]
+
+
+@pytest.fixture
+def head():
+    """A Ray head of 2 CPUs with the dashboard (the job API); yields the dashboard URL."""
+    temp = tempfile.mkdtemp(prefix="urmj", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    port, dashboard = free_port(), free_port()
+    url = f"http://127.0.0.1:{dashboard}"
+    cmd = [RAY, "start", "--head", "--block", f"--port={port}", f"--dashboard-port={dashboard}",
+           "--dashboard-host=127.0.0.1", f"--ray-client-server-port={free_port()}",
+           f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+           f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+           "--num-cpus=2", f"--temp-dir={temp}", "--disable-usage-stats"]
+    # RAY_API_SERVER_ADDRESS: Train's placement-group cleaner finds this head's State API even when
+    # other Ray instances run on the machine (see urm_ray.tune.sweep.init_ray).
+    env = subprocess_env(RAY_API_SERVER_ADDRESS=url)
+    env.pop("RAY_ADDRESS", None)
+    # A job's entrypoint runs with the PATH of `ray start`: put this Python's `urm-ray` on it, as
+    # an activated environment (or the cluster's image) would.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    log = Path(temp) / "ray-start.log"
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    try:
+        _wait_for_jobs_api(url, proc, log)
+        yield url
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=20)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _wait_for_jobs_api(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
+    import urllib.request
+
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray start exited: {log.read_text()[-3000:]}")
+        try:
+            urllib.request.urlopen(f"{url}/api/version", timeout=2)
+            print(f"head up in {time.monotonic() - start:.1f} s")
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"no Ray head at {url} after {timeout} s: {log.read_text()[-3000:]}")
+
+
+def _ray_job(args: list[str], url: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = subprocess_env(RAY_API_SERVER_ADDRESS=url)
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([RAY, "job", *args, "--address", url], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_ray_job_submit_runs_a_sweep(head: str, tmp_path: Path):
+    space = {**TINY_SPACE, "resources": {"workers": 1, "cpus_per_worker": 0.4}}
+    space_file, data = write_tiny_sweep(tmp_path, space)
+    sweep = ["urm-ray", "sweep", str(space_file), "--name", "job", "--dir", str(tmp_path / "sweeps"),
+             f"data.path={data}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    where = "python -c 'import urm_ray; print(\"urm_ray from\", urm_ray.__file__)'"
+    entrypoint = ["bash", "-c", f"{where} && {shlex.join(sweep)}"]
+    runtime_env = json.dumps({"excludes": EXCLUDES})
+    start = time.monotonic()
+    submitted = _ray_job(["submit", "--no-wait", "--submission-id", "urm-sweep",
+                          "--working-dir", str(ROOT), "--runtime-env-json", runtime_env,
+                          "--", *entrypoint], head)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    status = ""
+    while time.monotonic() - start < 480:
+        status = _ray_job(["status", "urm-sweep"], head).stdout
+        if any(word in status for word in ("SUCCEEDED", "FAILED", "STOPPED")):
+            break
+        time.sleep(3)
+    logs = _ray_job(["logs", "urm-sweep"], head).stdout
+    print(f"job round trip {time.monotonic() - start:.0f} s")
+    assert "SUCCEEDED" in status, status + logs[-4000:]
+    assert '"finished": 2' in logs
+    assert (tmp_path / "sweeps" / "job" / "leaderboard.csv").is_file()
+    # the job imported the uploaded working directory, not an installed copy
+    imported = next(line for line in logs.splitlines() if line.startswith("urm_ray from"))
+    assert "working_dir_files" in imported and str(ROOT) not in imported, imported

@@ -1,0 +1,66 @@
+"""Growing an autoscaling cluster before a run is planned against it.
+
+On a cluster from ``cluster/gpu.yaml`` the GPU node types start at zero nodes, so a sweep or a
+training run that sized itself from ``ray.cluster_resources()`` would find no GPU and stop. With
+``--scale-up SECONDS`` (``urm-ray train/sweep/final``) the resources the run needs are first asked
+of the Ray autoscaler (``ray.autoscaler.sdk.request_resources``) and waited for; the request is
+withdrawn when the run ends, so idle nodes are released again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+import ray
+
+from urm_ray.errors import ConfigError
+
+Bundle = dict[str, float]
+log = logging.getLogger(__name__)
+
+
+def holds(cluster: dict[str, float], bundles: list[Bundle]) -> bool:
+    """Whether the cluster's totals cover the bundles' sums (per resource)."""
+    need: dict[str, float] = {}
+    for bundle in bundles:
+        for name, amount in bundle.items():
+            need[name] = need.get(name, 0.0) + amount
+    return all(cluster.get(name, 0.0) + 1e-9 >= amount for name, amount in need.items())
+
+
+@contextlib.contextmanager
+def scaled_up(bundles: list[Bundle], timeout_s: float, poll_s: float = 5.0,
+              request: Callable[..., None] | None = None) -> Iterator[None]:
+    """Ask the autoscaler for ``bundles``, wait until the cluster holds them, withdraw at exit.
+
+    ``timeout_s`` = 0 does nothing (a fixed cluster, a laptop). Raises ``ConfigError`` naming
+    what is missing when the nodes have not come up in time.
+    """
+    if timeout_s <= 0:
+        yield
+        return
+    if request is None:
+        from ray.autoscaler.sdk import request_resources as request
+    bundles = [{k: v for k, v in b.items() if v > 0} for b in bundles]
+    request(bundles=bundles)
+    try:
+        _wait(bundles, timeout_s, poll_s)
+        yield
+    finally:
+        request(bundles=[])  # withdraw: idle nodes time out and are released
+
+
+def _wait(bundles: list[Bundle], timeout_s: float, poll_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not holds(ray.cluster_resources(), bundles):
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"the cluster did not grow to hold {bundles} within --scale-up {timeout_s:g} s; "
+                f"it has {ray.cluster_resources()} (see `ray status` and the autoscaler log: "
+                "quotas, spot capacity, node types in cluster/gpu.yaml)"
+            )
+        log.info("waiting for the autoscaler: need %s, have %s", bundles, ray.cluster_resources())
+        time.sleep(poll_s)

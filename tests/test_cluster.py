@@ -62,8 +62,8 @@ def test_node_types_head_spot_and_on_demand(cluster_config):
     workers = {name: t for name, t in types.items() if t is not head}
     spot = [t for t in workers.values() if t["node_config"].get("InstanceMarketOptions", {}).get("MarketType") == "spot"]
     on_demand = [t for t in workers.values() if "InstanceMarketOptions" not in t["node_config"]]
-    assert len(spot) >= 2 and all(t["resources"]["GPU"] == 1 for t in spot)
-    assert on_demand and all(t["resources"]["GPU"] > 1 for t in on_demand)
+    assert len(spot) >= 2 and all(t["resources"]["GPU"] == 1 == t["resources"]["spot_gpu"] for t in spot)
+    assert on_demand and all(t["resources"]["GPU"] == t["resources"]["ondemand_gpu"] > 1 for t in on_demand)
     assert all(t.get("min_workers", 0) == 0 for t in workers.values())  # autoscaled from zero
     for t in types.values():  # credentials from an instance profile, never keys
         assert "instance-profile/" in t["node_config"]["IamInstanceProfile"]["Arn"]

@@ -164,3 +164,13 @@ def test_mlflow_server_records_the_run_with_artifacts_in_s3(runs, s3, mlflow_ser
     body = client(s3).get_object(Bucket=BUCKET, Key=prefix + "config.yaml")["Body"].read()
     saved = yaml.safe_load(body)
     assert saved["train"]["steps"] == 8 and saved["tracking"]["tracking_uri"] == mlflow_server
+
+
+def test_checkpoint_on_s3_loads_for_evaluation(runs, s3, monkeypatch):
+    """``urm-ray eval`` / ``final`` read a checkpoint straight from its s3:// URI."""
+    from urm_ray.train.offline import load_checkpoint
+
+    for key, value in {**FAKE_AWS, "AWS_ENDPOINT_URL": s3}.items():
+        monkeypatch.setenv(key, value)
+    cfg, model = load_checkpoint(runs[1]["checkpoint"])
+    assert cfg.train.steps == 8 and cfg.train.run_name == "s3-resume" and not model.training

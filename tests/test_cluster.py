@@ -149,6 +149,20 @@ def test_bundles_and_custom_resources_in_the_plan():
         load_config("sudoku4-urm", ["train.worker_resources={GPU: 1}"])
 
 
+def test_sweep_keeps_trial_checkpoints_on_the_base_configs_s3_storage(tmp_path: Path):
+    """On a cluster every node must reach the trials' checkpoints: a URI storage path is kept."""
+    from urm_ray.tune.sweep import create_sweep
+
+    space = tmp_path / "tiny.yaml"
+    space.write_text(yaml.safe_dump(TINY_SPACE, sort_keys=False))
+    info, _ = create_sweep(str(space), ["train.storage_path=s3://bucket/urm/runs/"], name="s3",
+                           root=str(tmp_path / "sweeps"))
+    assert info.runs_path("trials") == "s3://bucket/urm/runs/s3/trials"
+    assert info.runs_path("final") == "s3://bucket/urm/runs/s3/final"
+    local, _ = create_sweep(str(space), [], name="here", root=str(tmp_path / "sweeps"))
+    assert local.runs_path("trials") == str(tmp_path / "sweeps" / "here" / "trials")
+
+
 # --- a sweep on a local multi-node cluster (slow) ------------------------------------------------
 
 TINY_SPACE = {

@@ -70,6 +70,7 @@ def head():
 
 
 def _wait_for_jobs_api(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
+    import urllib.error
     import urllib.request
 
     start = time.monotonic()
@@ -78,10 +79,13 @@ def _wait_for_jobs_api(url: str, proc: subprocess.Popen, log: Path, timeout: flo
             raise RuntimeError(f"ray start exited: {log.read_text()[-3000:]}")
         try:
             urllib.request.urlopen(f"{url}/api/version", timeout=2)
-            print(f"head up in {time.monotonic() - start:.1f} s")
-            return
+        except urllib.error.HTTPError:
+            pass  # it answers (401 without the token: Ray's token auth is on by default)
         except OSError:
             time.sleep(0.5)
+            continue
+        print(f"head up in {time.monotonic() - start:.1f} s")
+        return
     raise RuntimeError(f"no Ray head at {url} after {timeout} s: {log.read_text()[-3000:]}")
 
 

@@ -14,9 +14,13 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import jsonschema
@@ -238,3 +242,85 @@ def test_sweep_trials_land_on_different_nodes(tmp_path: Path, monkeypatch):
         assert used == {n.node_id for n in nodes}
     finally:
         cluster.shutdown()
+
+
+FAKE_AUTOSCALER = """
+cluster_name: fake
+max_workers: 1
+upscaling_speed: 1.0
+idle_timeout_minutes: 5
+provider:
+  type: fake_multinode
+  gcs_address: "{gcs}"
+  use_node_id_as_ip: true
+  disable_node_updaters: true
+  disable_launch_config_check: true
+auth: {{ssh_user: ubuntu}}
+available_node_types:
+  ray.head.default: {{resources: {{CPU: 2}}, node_config: {{}}, max_workers: 0}}
+  slot-node: {{resources: {{CPU: 1, slot: 1}}, node_config: {{}}, min_workers: 0, max_workers: 1}}
+head_node_type: ray.head.default
+"""
+
+
+@pytest.mark.slow
+def test_scale_up_grows_an_autoscaling_cluster(tmp_path: Path):
+    """``--scale-up`` on a real Ray autoscaler (fake node provider: nodes are local processes).
+
+    The worker asks for a resource only the autoscaled node type offers: without ``--scale-up``
+    the run stops at once, naming it; with it the autoscaler starts the node and the run trains.
+    """
+    from ray._private.services import get_node_ip_address
+
+    _, data = write_tiny_sweep(tmp_path)
+    port, dashboard = free_port(), free_port()
+    gcs = f"{get_node_ip_address()}:{port}"
+    config = tmp_path / "fake.yaml"
+    config.write_text(FAKE_AUTOSCALER.format(gcs=gcs))
+    temp = tempfile.mkdtemp(prefix="urmf", dir="/tmp")  # Ray's socket paths must stay short
+    env = subprocess_env(RAY_FAKE_CLUSTER="1", RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{dashboard}")
+    env.pop("RAY_ADDRESS", None)
+    head = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}",
+         f"--dashboard-port={dashboard}", f"--ray-client-server-port={free_port()}", "--num-cpus=2",
+         f"--autoscaling-config={config}", f"--temp-dir={temp}", "--disable-usage-stats"],
+        stdout=(tmp_path / "head.log").open("w"), stderr=subprocess.STDOUT, env=env,
+        start_new_session=True)
+    try:
+        train = [sys.executable, "-m", "urm_ray.cli", "train", "sudoku4-urm", f"data.path={data}",
+                 "model.hidden_size=16", "model.num_heads=2", "model.num_layers=1", "model.loops=2",
+                 "model.truncation=1", "model.max_segments=2", "model.expansion=1.0",
+                 "train.steps=2", "train.global_batch_size=8", "train.log_every=1",
+                 "train.eval_every=0", "train.eval_max_rows=8", "train.checkpoint_every=0",
+                 "train.device=cpu", "train.cpus_per_worker=0.5", "train.worker_resources.slot=1",
+                 f"train.storage_path={tmp_path / 'runs'}", "tracking.enabled=false"]
+        job_env = subprocess_env(RAY_ADDRESS=gcs, RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{dashboard}")
+        deadline = time.monotonic() + 120
+        while True:  # the head is up when a client can join
+            probe = subprocess.run([sys.executable, "-c", "import ray; ray.init(); print(ray.cluster_resources())"],
+                                   env=job_env, capture_output=True, text=True, timeout=120)
+            if probe.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert "'slot'" not in probe.stdout, probe.stdout + probe.stderr
+
+        fixed = subprocess.run(train, env=job_env, capture_output=True, text=True, timeout=300)
+        assert fixed.returncode == 2 and "worker_resources.slot" in fixed.stderr, fixed.stderr[-2000:]
+
+        start = time.monotonic()
+        grown = subprocess.run([*train, "--scale-up", "120"], env=job_env, capture_output=True,
+                               text=True, timeout=400)
+        assert grown.returncode == 0, grown.stdout[-2000:] + grown.stderr[-3000:]
+        assert json.loads(grown.stdout[grown.stdout.rindex("\n{\n"):])["step"] == 2
+        print(f"scale-up run {time.monotonic() - start:.0f} s")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(head.pid, sig)
+                head.wait(timeout=20)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        shutil.rmtree(temp, ignore_errors=True)

@@ -35,6 +35,54 @@ CLUSTER_YAML = ROOT / "cluster" / "gpu.yaml"
 SCHEMA = Path(ray.autoscaler.__file__).parent / "ray-schema.json"
 
 
+# --- helpers shared with test_jobs.py and test_cloud.py -----------------------------------------
+
+TINY_SPACE = {
+    "base": "sudoku4-urm",
+    "overrides": {
+        "model.hidden_size": 16, "model.num_heads": 2, "model.num_layers": 1, "model.expansion": 1.0,
+        "model.max_segments": 2, "train.steps": 4, "train.global_batch_size": 8,
+        "train.log_every": 2, "train.eval_every": 4, "train.checkpoint_every": 0,
+        "train.eval_max_rows": 16, "optim.warmup_steps": 1,
+    },
+    "params": {"model.loops": {"type": "int", "low": 2, "high": 3},
+               "model.truncation": {"type": "int", "low": 0, "high": "model.loops - 1"}},
+    "objectives": [{"metric": "eval/token_accuracy", "mode": "max"}],
+    "trials": 2,
+    "concurrency": 2,
+    "resources": {"workers": 1, "cpus_per_worker": 0.5, "custom": {"trial_slot": 1}},
+    "scheduler": {"name": "none"},
+    "search": {"sampler": "random", "seed": 0},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def write_tiny_sweep(folder: Path, space: dict = TINY_SPACE) -> tuple[Path, Path]:
+    """A tiny 4x4 Sudoku dataset and a search space over it; returns (space file, data folder)."""
+    from urm_ray.data.tasks import sudoku
+
+    data = folder / "sudoku4"
+    sudoku.build_generated(data, size=4, num_train=64, num_test=16, blanks=6, seed=1)
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
+    return path, data
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This environment, with this checkout importable by every Ray process started from it."""
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+# --- cluster/gpu.yaml ------------------------------------------------------------------------------
+
+
 @pytest.fixture
 def cluster_config() -> dict:
     return yaml.safe_load(CLUSTER_YAML.read_text())
@@ -168,49 +216,6 @@ def test_sweep_keeps_trial_checkpoints_on_the_base_configs_s3_storage(tmp_path: 
 
 
 # --- a sweep on a local multi-node cluster (slow) ------------------------------------------------
-
-TINY_SPACE = {
-    "base": "sudoku4-urm",
-    "overrides": {
-        "model.hidden_size": 16, "model.num_heads": 2, "model.num_layers": 1, "model.expansion": 1.0,
-        "model.max_segments": 2, "train.steps": 4, "train.global_batch_size": 8,
-        "train.log_every": 2, "train.eval_every": 4, "train.checkpoint_every": 0,
-        "train.eval_max_rows": 16, "optim.warmup_steps": 1,
-    },
-    "params": {"model.loops": {"type": "int", "low": 2, "high": 3},
-               "model.truncation": {"type": "int", "low": 0, "high": "model.loops - 1"}},
-    "objectives": [{"metric": "eval/token_accuracy", "mode": "max"}],
-    "trials": 2,
-    "concurrency": 2,
-    "resources": {"workers": 1, "cpus_per_worker": 0.5, "custom": {"trial_slot": 1}},
-    "scheduler": {"name": "none"},
-    "search": {"sampler": "random", "seed": 0},
-}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def write_tiny_sweep(folder: Path, space: dict = TINY_SPACE) -> tuple[Path, Path]:
-    """A tiny 4x4 Sudoku dataset and a search space over it; returns (space file, data folder)."""
-    from urm_ray.data.tasks import sudoku
-
-    data = folder / "sudoku4"
-    sudoku.build_generated(data, size=4, num_train=64, num_test=16, blanks=6, seed=1)
-    path = folder / "tiny.yaml"
-    path.write_text(yaml.safe_dump(space, sort_keys=False))
-    return path, data
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """This environment, with this checkout importable by every Ray process started from it."""
-    env = {**os.environ, **extra}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    return env
-
 
 @pytest.mark.slow
 def test_sweep_trials_land_on_different_nodes(tmp_path: Path, monkeypatch):

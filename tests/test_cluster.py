@@ -7,6 +7,8 @@
   2-trial sweep through the ``urm-ray`` CLI: the two worker nodes each offer one ``trial_slot``
   and each trial's worker asks for one, so the trials must land on different nodes, which the
   Ray State API's record of the Train workers confirms (slow).
+- ``--scale-up`` asks Ray's autoscaler for a run's resources and waits for them: unit-tested on a
+  simulated cluster, and end to end with the autoscaler's fake multi-node provider (slow).
 """
 
 from __future__ import annotations
@@ -215,7 +217,7 @@ def test_sweep_keeps_trial_checkpoints_on_the_base_configs_s3_storage(tmp_path: 
     assert local.runs_path("trials") == str(tmp_path / "sweeps" / "here" / "trials")
 
 
-# --- a sweep on a local multi-node cluster (slow) ------------------------------------------------
+# --- a sweep on a local multi-node cluster, and the autoscaler (slow) ------------------------------
 
 @pytest.mark.slow
 def test_sweep_trials_land_on_different_nodes(tmp_path: Path, monkeypatch):

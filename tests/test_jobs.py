@@ -29,6 +29,9 @@ pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).parent / "ray")
 # The upload skips what .gitignore lists too; these are named so that a checkout without that
 # .gitignore (or with local sweeps and runs lying around) still uploads only the code.
+# Ray's default for a local head: token auth (the head writes ~/.ray/auth_token if missing). The
+# job CLI only sends the token when told to, as a user's shell would be told with this variable.
+AUTH_MODE = "token"
 EXCLUDES = [".venv", ".git", "runs", "sweeps", "mlflow.db", "mlruns", "data", "**/__pycache__"]
 
 
@@ -45,7 +48,7 @@ def head():
            "--num-cpus=2", f"--temp-dir={temp}", "--disable-usage-stats"]
     # RAY_API_SERVER_ADDRESS: Train's placement-group cleaner finds this head's State API even when
     # other Ray instances run on the machine (see urm_ray.tune.sweep.init_ray).
-    env = subprocess_env(RAY_API_SERVER_ADDRESS=url)
+    env = subprocess_env(RAY_API_SERVER_ADDRESS=url, RAY_AUTH_MODE=AUTH_MODE)
     env.pop("RAY_ADDRESS", None)
     # A job's entrypoint runs with the PATH of `ray start`: put this Python's `urm-ray` on it, as
     # an activated environment (or the cluster's image) would.
@@ -90,7 +93,7 @@ def _wait_for_jobs_api(url: str, proc: subprocess.Popen, log: Path, timeout: flo
 
 
 def _ray_job(args: list[str], url: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = subprocess_env(RAY_API_SERVER_ADDRESS=url)
+    env = subprocess_env(RAY_API_SERVER_ADDRESS=url, RAY_AUTH_MODE=AUTH_MODE)
     env.pop("RAY_ADDRESS", None)
     return subprocess.run([RAY, "job", *args, "--address", url], env=env, capture_output=True,
                           text=True, timeout=timeout)

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ray.job_submission import JobStatus, JobSubmissionClient
 
 from test_cluster import ROOT, TINY_SPACE, free_port, subprocess_env, write_tiny_sweep
 
@@ -99,7 +100,21 @@ def _ray_job(args: list[str], url: str, timeout: float = 120) -> subprocess.Comp
                           text=True, timeout=timeout)
 
 
-def test_ray_job_submit_runs_a_sweep(head: str, tmp_path: Path):
+def _job_client(url: str):
+    return JobSubmissionClient(url)  # token auth: RAY_AUTH_MODE=token is set by the test
+
+
+def _wait_for_job(url: str, job_id: str, timeout: float) -> JobStatus:
+    client, deadline = _job_client(url), time.monotonic() + timeout
+    status = client.get_job_status(job_id)
+    while not status.is_terminal() and time.monotonic() < deadline:
+        time.sleep(2)
+        status = client.get_job_status(job_id)
+    return status
+
+
+def test_ray_job_submit_runs_a_sweep(head: str, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", AUTH_MODE)
     space = {**TINY_SPACE, "resources": {"workers": 1, "cpus_per_worker": 0.4}}
     space_file, data = write_tiny_sweep(tmp_path, space)
     sweep = ["urm-ray", "sweep", str(space_file), "--name", "job", "--dir", str(tmp_path / "sweeps"),
@@ -112,15 +127,10 @@ def test_ray_job_submit_runs_a_sweep(head: str, tmp_path: Path):
                           "--working-dir", str(ROOT), "--runtime-env-json", runtime_env,
                           "--", *entrypoint], head)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    status = ""
-    while time.monotonic() - start < 480:
-        status = _ray_job(["status", "urm-sweep"], head).stdout
-        if any(word in status for word in ("SUCCEEDED", "FAILED", "STOPPED")):
-            break
-        time.sleep(3)
-    logs = _ray_job(["logs", "urm-sweep"], head).stdout
+    status = _wait_for_job(head, "urm-sweep", timeout=480)
+    logs = _job_client(head).get_job_logs("urm-sweep")
     print(f"job round trip {time.monotonic() - start:.0f} s")
-    assert "SUCCEEDED" in status, status + logs[-4000:]
+    assert status == JobStatus.SUCCEEDED, logs[-4000:]
     assert '"finished": 2' in logs
     assert (tmp_path / "sweeps" / "job" / "leaderboard.csv").is_file()
     # the job imported the uploaded working directory, not an installed copy

@@ -267,6 +267,17 @@ available_node_types:
   ray.head.default: {{resources: {{CPU: 2}}, node_config: {{}}, max_workers: 0}}
   slot-node: {{resources: {{CPU: 1, slot: 1}}, node_config: {{}}, min_workers: 0, max_workers: 1}}
 head_node_type: ray.head.default
+file_mounts: {{}}
+cluster_synced_files: []
+file_mounts_sync_continuously: false
+rsync_exclude: []
+rsync_filter: []
+initialization_commands: []
+setup_commands: []
+head_setup_commands: []
+worker_setup_commands: []
+head_start_ray_commands: []
+worker_start_ray_commands: []
 """
 
 
@@ -304,8 +315,9 @@ def test_scale_up_grows_an_autoscaling_cluster(tmp_path: Path):
         job_env = subprocess_env(RAY_ADDRESS=gcs, RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{dashboard}")
         deadline = time.monotonic() + 120
         while True:  # the head is up when a client can join
+            assert head.poll() is None, (tmp_path / "head.log").read_text()[-3000:]
             probe = subprocess.run([sys.executable, "-c", "import ray; ray.init(); print(ray.cluster_resources())"],
-                                   env=job_env, capture_output=True, text=True, timeout=120)
+                                   env=job_env, capture_output=True, text=True, timeout=60)
             if probe.returncode == 0 or time.monotonic() > deadline:
                 break
             time.sleep(2)

@@ -296,7 +296,9 @@ def test_scale_up_grows_an_autoscaling_cluster(tmp_path: Path):
     config = tmp_path / "fake.yaml"
     config.write_text(FAKE_AUTOSCALER.format(gcs=gcs))
     temp = tempfile.mkdtemp(prefix="urmf", dir="/tmp")  # Ray's socket paths must stay short
-    env = subprocess_env(RAY_FAKE_CLUSTER="1", RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{dashboard}")
+    # Token auth, Ray's default for a `ray start` head: clients need RAY_AUTH_MODE=token too.
+    env = subprocess_env(RAY_FAKE_CLUSTER="1", RAY_AUTH_MODE="token",
+                         RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{dashboard}")
     env.pop("RAY_ADDRESS", None)
     head = subprocess.Popen(
         [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}",
@@ -312,7 +314,8 @@ def test_scale_up_grows_an_autoscaling_cluster(tmp_path: Path):
                  "train.eval_every=0", "train.eval_max_rows=8", "train.checkpoint_every=0",
                  "train.device=cpu", "train.cpus_per_worker=0.5", "train.worker_resources.slot=1",
                  f"train.storage_path={tmp_path / 'runs'}", "tracking.enabled=false"]
-        job_env = subprocess_env(RAY_ADDRESS=gcs, RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{dashboard}")
+        job_env = subprocess_env(RAY_ADDRESS=gcs, RAY_AUTH_MODE="token",
+                                 RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{dashboard}")
         deadline = time.monotonic() + 120
         while True:  # the head is up when a client can join
             assert head.poll() is None, (tmp_path / "head.log").read_text()[-3000:]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -21,7 +22,6 @@ import time
 from pathlib import Path
 
 import pytest
-from ray.job_submission import JobStatus, JobSubmissionClient
 
 from test_cluster import ROOT, TINY_SPACE, free_port, subprocess_env, write_tiny_sweep
 
@@ -100,21 +100,25 @@ def _ray_job(args: list[str], url: str, timeout: float = 120) -> subprocess.Comp
                           text=True, timeout=timeout)
 
 
-def _job_client(url: str):
-    return JobSubmissionClient(url)  # token auth: RAY_AUTH_MODE=token is set by the test
+def _wait_for_job(url: str, job_id: str, timeout: float) -> str:
+    """The job's final state (succeeded, failed, stopped), or its last one at the timeout.
+
+    Through the CLI, as a user would: Ray's auth mode is read once per process, so an in-process
+    JobSubmissionClient would keep whatever mode an earlier test's Ray left behind.
+    """
+    deadline, state = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        out = _ray_job(["status", job_id], url)
+        found = re.search(rf"Job '{job_id}' (succeeded|failed|stopped|is running|is pending)",
+                          out.stdout + out.stderr)
+        state = found[1] if found else (out.stdout + out.stderr)[-500:]
+        if state in ("succeeded", "failed", "stopped"):
+            break
+        time.sleep(3)
+    return state
 
 
-def _wait_for_job(url: str, job_id: str, timeout: float) -> JobStatus:
-    client, deadline = _job_client(url), time.monotonic() + timeout
-    status = client.get_job_status(job_id)
-    while not status.is_terminal() and time.monotonic() < deadline:
-        time.sleep(2)
-        status = client.get_job_status(job_id)
-    return status
-
-
-def test_ray_job_submit_runs_a_sweep(head: str, tmp_path: Path, monkeypatch):
-    monkeypatch.setenv("RAY_AUTH_MODE", AUTH_MODE)
+def test_ray_job_submit_runs_a_sweep(head: str, tmp_path: Path):
     space = {**TINY_SPACE, "resources": {"workers": 1, "cpus_per_worker": 0.4}}
     space_file, data = write_tiny_sweep(tmp_path, space)
     sweep = ["urm-ray", "sweep", str(space_file), "--name", "job", "--dir", str(tmp_path / "sweeps"),
@@ -128,9 +132,9 @@ def test_ray_job_submit_runs_a_sweep(head: str, tmp_path: Path, monkeypatch):
                           "--", *entrypoint], head)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     status = _wait_for_job(head, "urm-sweep", timeout=480)
-    logs = _job_client(head).get_job_logs("urm-sweep")
     print(f"job round trip {time.monotonic() - start:.0f} s")
-    assert status == JobStatus.SUCCEEDED, logs[-4000:]
+    logs = _ray_job(["logs", "urm-sweep"], head).stdout
+    assert status == "succeeded", status + logs[-4000:]
     assert '"finished": 2' in logs
     assert (tmp_path / "sweeps" / "job" / "leaderboard.csv").is_file()
     # the job imported the uploaded working directory, not an installed copy

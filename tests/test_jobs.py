@@ -133,7 +133,8 @@ def test_ray_job_submit_runs_a_sweep(head: str, tmp_path: Path):
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     status = _wait_for_job(head, "urm-sweep", timeout=480)
     print(f"job round trip {time.monotonic() - start:.0f} s")
-    logs = _ray_job(["logs", "urm-sweep"], head).stdout
+    printed = _ray_job(["logs", "urm-sweep"], head)
+    logs = printed.stdout + printed.stderr
     assert status == "succeeded", status + logs[-4000:]
     assert '"finished": 2' in logs
     assert (tmp_path / "sweeps" / "job" / "leaderboard.csv").is_file()

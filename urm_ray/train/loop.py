@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from urm_ray.config import RunConfig, build_config
+from urm_ray.config import RunConfig, TrainConfig, build_config
 from urm_ray.data import stream
 from urm_ray.data.tasks.verify import verifier_for
 from urm_ray.losses import act_loss
@@ -65,6 +65,16 @@ def _per_row(metric: str) -> bool:
     return metric.endswith("_loss") or metric == "kl"
 
 
+def _every(period: int, step: int) -> bool:
+    return period > 0 and step % period == 0
+
+
+def _report_due(cfg: TrainConfig, step: int) -> bool:
+    """Every rank reports at the same steps: logging, evaluation, checkpoint and the last step."""
+    return step == cfg.steps or any(
+        _every(period, step) for period in (cfg.log_every, cfg.eval_every, cfg.checkpoint_every))
+
+
 def _threads(cfg: RunConfig) -> int:
     return cfg.train.torch_threads or max(1, int(cfg.train.cpus_per_worker))
 
@@ -106,7 +116,7 @@ class Trainer:
             window_steps += 1
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0) + value
-            if position.step % cfg.log_every == 0 or position.step == cfg.steps:
+            if _report_due(cfg, position.step):
                 elapsed = time.perf_counter() - window_start
                 report = self._train_metrics(sums, window_steps, elapsed, lr)
                 self._report(position, report)
@@ -198,12 +208,12 @@ class Trainer:
     def _report(self, position: Position, metrics: dict[str, float]) -> None:
         cfg = self.cfg.train
         done = position.step == cfg.steps
-        if (cfg.eval_every and position.step % cfg.eval_every == 0) or done:
+        if _every(cfg.eval_every, position.step) or done:
             self.last_eval = self._evaluate()
             metrics.update(self.last_eval)
         self.tracker.log(metrics, position.step)
         metrics = {**self.last_eval, **metrics, "step": position.step, "epoch": position.epoch}
-        save = (cfg.checkpoint_every and position.step % cfg.checkpoint_every == 0) or done
+        save = _every(cfg.checkpoint_every, position.step) or done
         if not save:
             ray.train.report(metrics)
             return

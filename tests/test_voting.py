@@ -94,3 +94,20 @@ def test_generate_unconditional_from_a_blank_board():
     boards = generate_unconditional(model, num_samples=5)
     assert boards.shape == (5, TASK.seq_len) and boards.dtype == torch.long
     assert valid_queens_mask(boards.numpy(), 4).shape == (5,)
+
+
+def test_held_out_metrics_add_the_vote_and_coverage_only_when_sampling():
+    from urm_ray.train.evaluate import held_out_metrics
+
+    torch.manual_seed(0)
+    model = build_model(GRAMConfig(**TINY), TASK).eval()
+    batches = lambda: iter([_batch(rows=3), _batch(rows=2)])  # noqa: E731
+    plain = held_out_metrics(model, batches)
+    assert plain["eval/rows"] == 5 and "eval/coverage" not in plain
+    accept_all = lambda answers: torch.ones(answers.shape[0], dtype=torch.bool)  # noqa: E731
+    sampled = held_out_metrics(model, batches, num_samples=4, verifier=accept_all)
+    assert set(plain) < set(sampled) and sampled["eval/rows"] == 5
+    assert sampled["eval/vote_valid"] == 1.0 and 1.0 < sampled["eval/coverage"] <= 4.0
+    halved = held_out_metrics(model, batches, num_samples=4, verifier=accept_all,
+                              reduce=lambda sums: {k: v / 2 for k, v in sums.items()})
+    assert halved["eval/rows"] == 2.5  # the reduction is applied to the sums, before dividing

@@ -46,6 +46,12 @@ def verifier_for(task: str, seq_len: int) -> Verifier:
     return _on_numpy(lambda boards: VERIFIERS[task](boards, side))
 
 
+def optional_verifier(task: str, seq_len: int) -> Verifier | None:
+    """``task``'s verifier, or None where it has none (sampled answers then count as valid only
+    when they equal the label)."""
+    return verifier_for(task, seq_len) if task in VERIFIERS else None
+
+
 VERIFIERS: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {
     "nqueens": nqueens.valid_queens_mask,
     # sudoku tokens are digit + 1 (blank 1 = digit 0, which no valid board contains)

@@ -91,11 +91,15 @@ def test_verifier_registry_works_on_token_tensors():
     broken = boards.clone()
     broken[:, 0] = QUEEN_TOKEN if broken[0, 0] != QUEEN_TOKEN else EMPTY_TOKEN
     accepts = verifier_for("nqueens", seq_len=36)
-    assert accepts(torch.cat([boards, broken[:1]])).tolist() == [True] * 4 + [False]
+    answers = torch.cat([boards, broken[:1]])
+    empty = torch.full_like(answers, EMPTY_TOKEN)
+    assert accepts(answers, empty, answers).tolist() == [True] * 4 + [False]
     grid = torch.as_tensor(np.asarray(random_solution(4, np.random.default_rng(0))).reshape(1, 16) + 1)
     swapped = grid[:, [1, 0, *range(2, 16)]]  # two cells of the first row swapped: columns break
-    assert verifier_for("sudoku", 16)(torch.cat([grid, swapped])).tolist() == [True, False]
-    with pytest.raises(ConfigError, match="task 'maze' has no verifier"):
-        verifier_for("maze", 36)
+    both = torch.cat([grid, swapped])
+    blank = torch.ones_like(both)
+    assert verifier_for("sudoku", 16)(both, blank, both).tolist() == [True, False]
+    with pytest.raises(ConfigError, match="task 'arc2' has no verifier"):
+        verifier_for("arc2", 36)
     with pytest.raises(ConfigError, match="seq_len=35 is not a square"):
         verifier_for("nqueens", 35)

@@ -71,10 +71,18 @@ def test_sampled_evaluation_of_gram_counts_distinct_answers():
     torch.manual_seed(0)
     model = build_model(GRAMConfig(**TINY), TASK).eval()
     batch = _batch(rows=2)
-    accept_all = lambda answers: torch.ones(answers.shape[0], dtype=torch.bool)  # noqa: E731
+    seen_inputs = []
+
+    def accept_all(answers, inputs, labels):
+        seen_inputs.append(inputs)
+        return torch.ones(answers.shape[0], dtype=torch.bool)
+
     sums = evaluate_sampled(model, batch, num_samples=6, verifier=accept_all)
     answers, _ = sample_answers(model, batch, num_samples=6)
     assert sums["valid"] == 2 and sums["sample_valid"] == 2
+    # the verifier sees each sample's own input: sample-major repeats of the batch's inputs
+    assert torch.equal(seen_inputs[0], batch["inputs"].repeat(6, 1))
+    assert torch.equal(seen_inputs[1], batch["inputs"])
     assert 2 < sums["coverage"] <= 12  # the untrained prior's noise spreads the samples
     metrics = summarize_sampled(sums)
     assert metrics["eval/coverage"] == float(sums["coverage"]) / 2 and metrics["eval/vote_valid"] == 1.0

@@ -84,8 +84,9 @@ def summarize(totals: dict[str, torch.Tensor], prefix: str = "eval/") -> dict[st
 
 # --- sampled (stochastic-model) evaluation -------------------------------------------------------
 
-# Checks answers [N, L] (tokens) -> [N] bool, e.g. a task verifier that accepts any valid solution.
-Verifier = Callable[[torch.Tensor], torch.Tensor]
+# (answers, inputs, labels) [N, L] tokens -> [N] bool, e.g. a task verifier
+# (``urm_ray.data.tasks.verify``) that accepts any valid solution.
+Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 SAMPLED_SUM_KEYS = ("rows", "exact", "tokens_correct", "tokens", "segments", "valid", "sample_valid",
                     "coverage")
 
@@ -132,7 +133,10 @@ def evaluate_sampled(
         accepted = _answer_correctness(answers.flatten(0, 1), labels.repeat(num_samples, 1))[0]
         voted_ok = exact
     else:
-        accepted, voted_ok = verifier(answers.flatten(0, 1)), verifier(voted)
+        inputs = batch["inputs"]
+        accepted = verifier(answers.flatten(0, 1), inputs.repeat(num_samples, 1),
+                            labels.repeat(num_samples, 1))  # sample-major, as ``answers``
+        voted_ok = verifier(voted, inputs, labels)
     accepted = accepted.to(labels.device, torch.bool).view(num_samples, -1)  # [K, B]
     rows = labels.shape[0]
     values = (rows, exact.sum(), tokens_correct.sum(), tokens.sum(), segments * rows, voted_ok.sum(),

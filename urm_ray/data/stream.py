@@ -107,6 +107,14 @@ def train_dataset(cfg: DataConfig) -> ray.data.Dataset:
             " repeats each puzzle unchanged",
             stacklevel=2,
         )
+    intended = meta.build.get("arguments", {}).get("num_augmentations", 0)
+    if cfg.augment and intended and intended != cfg.num_augmentations:
+        warnings.warn(
+            f"{cfg.path} was built for {intended} augmentations per puzzle"
+            f" (metadata build.arguments.num_augmentations); data.num_augmentations="
+            f"{cfg.num_augmentations} streams a different number",
+            stacklevel=2,
+        )
     num_augmentations = cfg.num_augmentations if cfg.augment else 1
     kwargs = {
         "augmentation": augmentation,

@@ -262,8 +262,8 @@ def _check_arguments(
         raise ConfigError(f"n={n!r} must be an int >= 2")
     if count < 0:
         raise ConfigError(f"count={count} must be >= 0")
-    if not 0 <= min_path <= 2 * (n - 1) * n:
-        raise ConfigError(f"min_path={min_path} must be in [0, {2 * (n - 1) * n}] for n={n}")
+    if not 0 <= min_path < n * n:
+        raise ConfigError(f"min_path={min_path} must be in [0, {n * n - 1}] for n={n}")
     if max_path and max_path < min_path:
         raise ConfigError(f"max_path={max_path} must be 0 (no limit) or >= min_path={min_path}")
     if not 0.0 <= loop_prob <= 1.0:

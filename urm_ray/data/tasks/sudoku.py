@@ -6,7 +6,13 @@ Every cell is supervised: labels are the solution's tokens. Splits "train" and "
 a question, not even with the digits renamed.
 
     build_generated("data/sudoku4", size=4, num_train=2000, num_test=200, blanks=9, seed=0)
-    build_from_csv("data/sudoku-extreme-1k", "train.csv", "test.csv", subsample=1000, seed=0)
+    build_from_csv("data/sudoku-extreme-1k", "train.csv", "test.csv", subsample=1000, seed=0,
+                   num_augmentations=1001)
+
+The papers' "1k" setting is `subsample=1000` (a seeded random 1000 of the distinct training
+puzzles) streamed with 1000 augmentations each plus the original: `num_augmentations=1001` is
+recorded in the metadata (`build.arguments.num_augmentations`) and the training config must ask
+for it (`data.num_augmentations: 1001`); the stream warns when they differ.
 """
 
 import os
@@ -127,6 +133,14 @@ def _split_columns(
     }
 
 
+def _check_num_augmentations(num_augmentations: int) -> None:
+    if num_augmentations < 0:
+        raise ConfigError(
+            f"num_augmentations={num_augmentations} must be >= 0 (0 = unset, K >= 1 slots per"
+            " puzzle including the original)"
+        )
+
+
 def _meta(n: int, build: dict[str, Any]) -> DatasetMeta:
     return DatasetMeta(
         task="sudoku",
@@ -146,6 +160,7 @@ def build_generated(
     blanks: int,
     seed: int,
     *,
+    num_augmentations: int = 0,
     overwrite: bool = False,
     progress_every_s: float = 5.0,
 ) -> DatasetMeta:
@@ -164,7 +179,9 @@ def build_generated(
         "train": _split_columns(questions[:num_train], solutions[:num_train], np.arange(num_train)),
         "test": _split_columns(questions[num_train:], solutions[num_train:], np.arange(num_test)),
     }
-    args = {"size": size, "num_train": num_train, "num_test": num_test, "blanks": blanks}
+    _check_num_augmentations(num_augmentations)
+    args = {"size": size, "num_train": num_train, "num_test": num_test, "blanks": blanks,
+            "num_augmentations": num_augmentations}
     build = {"builder": "sudoku.build_generated", "arguments": args, "seed": seed, "source": None}
     return write_dataset(out_dir, splits, _meta(size, build), overwrite=overwrite)
 
@@ -283,14 +300,17 @@ def build_from_csv(
     size: int = 9,
     subsample: int = 0,
     seed: int = 0,
+    num_augmentations: int = 0,
     overwrite: bool = False,
 ) -> DatasetMeta:
     """Converts train / test CSVs into a dataset folder with splits "train" and "test".
 
     Train rows repeating a test question or an earlier train question (up to renaming digits) are
     dropped. `subsample=N` keeps a seeded random N of the remaining train puzzles (the papers'
-    "1k" setting; 0 keeps all). `puzzle_index` is the 0-based data row in the source CSV."""
+    "1k" setting; 0 keeps all). `puzzle_index` is the 0-based data row in the source CSV.
+    `num_augmentations` (0 = unset) records the K the dataset is meant to be streamed with."""
     geometry(size)
+    _check_num_augmentations(num_augmentations)
     test_q, test_a = read_sudoku_csv(test_csv, size)
     train_q, train_a = read_sudoku_csv(train_csv, size)
     keep = first_occurrence_mask(canonical_keys(train_q, size), canonical_keys(test_q, size))
@@ -315,6 +335,7 @@ def build_from_csv(
         "subsample": subsample,
         "train_rows_read": len(train_q),
         "train_repeats_dropped": dropped,
+        "num_augmentations": num_augmentations,
     }
     source = {
         "train_csv": str(Path(train_csv).resolve()),

@@ -196,3 +196,43 @@ def test_metadata_is_json(tmp_path):
     sudoku.build_generated(tmp_path / "s", size=4, num_train=5, num_test=2, blanks=6, seed=2)
     raw = json.loads((tmp_path / "s" / "metadata.json").read_text())
     assert raw["task"] == "sudoku" and raw["splits"]["test"]["files"] == ["test/part-00000.parquet"]
+
+
+def test_1k_setting_subsample_is_stable_and_records_k(tmp_path, csv_rows):
+    """The papers' "1k" setting in small: a seeded subsample of N distinct train puzzles, with the
+    K augmentations it is meant for recorded in the metadata (and checked by the stream)."""
+    import warnings
+
+    from urm_ray.data import stream
+    from urm_ray.data.config import DataConfig
+
+    train_csv = _write_csv(tmp_path / "train.csv", csv_rows[:6])
+    test_csv = _write_csv(tmp_path / "test.csv", csv_rows[6:])
+    picks = {}
+    for name, seed in (("a", 0), ("b", 0), ("c", 3)):
+        meta = sudoku.build_from_csv(tmp_path / name, train_csv, test_csv, subsample=3, seed=seed,
+                                     num_augmentations=101)
+        train = store.read_split(tmp_path / name, "train")
+        picks[name] = train["puzzle_index"].tolist()
+        questions = [csv_rows[i][0] for i in picks[name]]  # rows are the source rows, unchanged
+        assert ["".join("." if t == 1 else str(t - 1) for t in row) == q.replace("0", ".")
+                for row, q in zip(train["inputs"], questions)] == [True] * 3
+    assert picks["a"] == picks["b"] and picks["a"] != picks["c"]
+    assert picks["a"] == sorted(set(picks["a"])) and set(picks["a"]) <= set(range(6))
+    assert meta.build["arguments"]["num_augmentations"] == 101 and meta.build["seed"] == 3
+    with pytest.warns(UserWarning, match="built for 101 augmentations"):
+        stream.warn_if_not_intended(DataConfig(path="x", num_augmentations=8), meta)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stream.warn_if_not_intended(DataConfig(path="x", num_augmentations=101), meta)
+    with pytest.raises(ConfigError, match="num_augmentations=-1"):
+        sudoku.build_from_csv(tmp_path / "d", train_csv, test_csv, num_augmentations=-1)
+
+
+def test_cli_records_num_augmentations(tmp_path):
+    from urm_ray.cli import main
+
+    out = tmp_path / "s"
+    assert main(["data", "sudoku", "--out", str(out), "--size", "4", "--num-train", "20",
+                 "--num-test", "5", "--num-augmentations", "16"]) == 0
+    assert store.read_metadata(out).build["arguments"]["num_augmentations"] == 16

@@ -157,3 +157,54 @@ def test_cli_builds_a_maze_dataset(tmp_path, capsys):
     assert main(["data", "maze", "--out", str(tmp_path / "x"), "--size", "9",
                  "--min-path", "5", "--max-path", "2"]) == 2
     assert "max_path=2" in capsys.readouterr().err
+
+
+# --- CSV conversion (the official data's layout) ----------------------------------------------
+
+
+def _csv_text(inputs: np.ndarray, labels: np.ndarray, edit=None) -> str:
+    rows = []
+    for i, (x, y) in enumerate(zip(inputs, labels)):
+        q, a = ("".join(maze.CHARSET[t - 1] for t in g) for g in (x, y))
+        if edit and i == 1:
+            q, a = edit(q, a)
+        rows.append(f"gen,{q},{a},0")
+    return "\n".join(["source,question,answer,rating", *rows]) + "\n"
+
+
+@pytest.fixture(scope="module")
+def small_mazes():
+    return _generate(count=4, seed=9)
+
+
+def test_csv_round_trip(tmp_path, small_mazes):
+    inputs, labels = small_mazes
+    (tmp_path / "train.csv").write_text(_csv_text(inputs[:3], labels[:3]))
+    (tmp_path / "test.csv").write_text(_csv_text(inputs[3:], labels[3:]))
+    assert main(["data", "maze", "--out", str(tmp_path / "d"), "--train-csv",
+                 str(tmp_path / "train.csv"), "--test-csv", str(tmp_path / "test.csv")]) == 0
+    train = store.read_split(tmp_path / "d", "train")
+    assert np.array_equal(train["inputs"], inputs[:3]) and np.array_equal(train["labels"], labels[:3])
+    assert store.read_metadata(tmp_path / "d").build["builder"] == "maze.build_from_csv"
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda q, a: (q.replace("#", "x", 1), a), "question has 'x' at cell"),
+        (lambda q, a: (q[1:], a), f"question has {N * N - 1} characters, expected {N * N}"),
+        (lambda q, a: (q.replace("S", " "), a.replace("S", " ")), "question has 0 start 'S'"),
+        (lambda q, a: (q, a.replace("o", " ", 1)), "answer is not a shortest path"),
+        (lambda q, a: (q, a.replace("#", "o", 1)), "answer has 'o' at cell"),
+        (lambda q, a: (q.replace(" ", "o", 1), a), "question has 'o' at cell"),
+    ],
+)
+def test_bad_csv_names_file_row_and_value_and_leaves_nothing(tmp_path, small_mazes, edit, message):
+    inputs, labels = small_mazes
+    bad = tmp_path / "bad.csv"
+    bad.write_text(_csv_text(inputs, labels, edit))
+    (tmp_path / "test.csv").write_text(_csv_text(inputs[:1], labels[:1]))
+    with pytest.raises(DataError) as err:
+        maze.build_from_csv(tmp_path / "out", bad, tmp_path / "test.csv")
+    assert f"{bad}: row 2 (line 3)" in str(err.value) and message in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "test.csv"]

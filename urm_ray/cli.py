@@ -64,6 +64,12 @@ def _data_sudoku(args: argparse.Namespace) -> None:
 def _data_maze(args: argparse.Namespace) -> None:
     from urm_ray.data.tasks import maze
 
+    if bool(args.train_csv) != bool(args.test_csv):
+        raise ConfigError("--train-csv and --test-csv go together")
+    if args.train_csv:
+        maze.build_from_csv(args.out, args.train_csv, args.test_csv)
+        print(f"wrote {args.out}")
+        return
     maze.build_generated(
         args.out, n=args.size, num_train=args.num_train, num_test=args.num_test,
         min_path=args.min_path, max_path=args.max_path, loop_prob=args.loop_prob,
@@ -103,6 +109,9 @@ def _add_data_parsers(data: argparse._SubParsersAction) -> None:
     m.add_argument("--unique-path", action=argparse.BooleanOptionalAction, default=True,
                    help="keep only mazes with a single shortest path (default: yes)")
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--train-csv", help="convert the official maze CSV (source,question,answer,"
+                                       "rating; cells '# SGo') instead of generating")
+    m.add_argument("--test-csv", help="held-out CSV (with --train-csv)")
     m.set_defaults(func=_data_maze)
 
     q = data.add_parser("nqueens", help="every n-queens solution as labels of the empty board")

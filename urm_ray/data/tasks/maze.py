@@ -18,19 +18,23 @@ are distinct up to the 8 symmetries of the square across both splits, which the 
 augmentation relies on.
 
     build_generated("data/maze30", n=30, num_train=1000, num_test=1000, min_path=110, seed=0)
+    build_from_csv("data/maze-hard", "train.csv", "test.csv")     # the official CSVs
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from urm_ray.data.progress import Progress
-from urm_ray.data.store import DatasetMeta, split_chunk_stream, write_dataset_chunks
+from urm_ray.data.progress import Progress, logger
+from urm_ray.data.store import DatasetMeta, split_chunk_stream, write_dataset, write_dataset_chunks
+from urm_ray.data.tasks.puzzle_csv import char_matrix, read_csv_table, where
 from urm_ray.errors import ConfigError, DataError
 
 PAD_TOKEN, WALL_TOKEN, OPEN_TOKEN, START_TOKEN, GOAL_TOKEN, PATH_TOKEN = range(6)
@@ -302,3 +306,93 @@ def build_generated(
     meta = DatasetMeta(task="maze", vocab_size=VOCAB_SIZE, seq_len=n * n, num_puzzle_identifiers=1,
                        augmentation="dihedral", build=build)
     return write_dataset_chunks(out_dir, splits, meta, overwrite=overwrite)
+
+
+# CSV conversion: the official maze data (e.g. the HRM authors' maze-30x30-hard-1k) in the
+# puzzle CSV layout, one character per cell from CHARSET, question without path, answer with it.
+
+
+def _tokens(chars: np.ndarray, column: str, path: Path) -> np.ndarray:
+    """Characters [N, L] -> tokens; DataError naming the row, cell and character of a bad one."""
+    lut = np.zeros(256, np.uint8)
+    lut[[ord(c) for c in CHARSET]] = np.arange(1, len(CHARSET) + 1)
+    tokens = lut[chars]
+    allowed = tokens != PAD_TOKEN
+    if column == "question":
+        allowed &= tokens != PATH_TOKEN
+    if not allowed.all():
+        row, cell = np.argwhere(~allowed)[0]
+        expected = CHARSET.replace("o", "") if column == "question" else CHARSET
+        raise DataError(
+            f"{where(path, int(row) + 1)}: {column} has {chr(chars[row, cell])!r} at cell {cell},"
+            f" expected one of {expected!r}"
+        )
+    return tokens
+
+
+def _check_mazes(inputs: np.ndarray, labels: np.ndarray, n: int, path: Path) -> None:
+    """DataError for the first row without exactly one S and G, an answer that changes the maze,
+    or an answer that is not a shortest path."""
+    for token, name in ((START_TOKEN, "start 'S'"), (GOAL_TOKEN, "goal 'G'")):
+        counts = (inputs == token).sum(axis=1)
+        if (counts != 1).any():
+            row = int(np.argmax(counts != 1))
+            raise DataError(f"{where(path, row + 1)}: question has {counts[row]} {name} cells,"
+                            " expected 1")
+    changed = (labels != inputs) & ~((inputs == OPEN_TOKEN) & (labels == PATH_TOKEN))
+    if changed.any():
+        row, cell = np.argwhere(changed)[0]
+        raise DataError(
+            f"{where(path, int(row) + 1)}: answer has {CHARSET[labels[row, cell] - 1]!r} at cell"
+            f" {cell} where the question has {CHARSET[inputs[row, cell] - 1]!r}"
+        )
+    for start in range(0, len(inputs), _CANDIDATES):
+        ok = valid_paths_mask(labels[start : start + _CANDIDATES], inputs[start : start + _CANDIDATES], n)
+        if not ok.all():
+            raise DataError(f"{where(path, start + int(np.argmin(ok)) + 1)}: answer is not a"
+                            " shortest path from 'S' to 'G'")
+
+
+def read_maze_csv(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, int]:
+    """Validated (inputs, labels) tokens [N, n*n] uint8 and the side n from a maze CSV."""
+    path = Path(path)
+    table = read_csv_table(path)
+    if table.num_rows == 0:
+        raise DataError(f"{path}: no rows")
+    first = len(table.column("question")[0].as_py() or "")
+    n = math.isqrt(first)
+    if n < 2 or n * n != first:
+        raise DataError(f"{where(path, 1)}: question has {first} characters, expected n*n (a"
+                        " square maze)")
+    inputs = _tokens(char_matrix(table, "question", n * n, path), "question", path)
+    labels = _tokens(char_matrix(table, "answer", n * n, path), "answer", path)
+    _check_mazes(inputs, labels, n, path)
+    return inputs, labels, n
+
+
+def build_from_csv(
+    out_dir: str | os.PathLike,
+    train_csv: str | os.PathLike,
+    test_csv: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+) -> DatasetMeta:
+    """Converts official-layout maze CSVs into splits "train" and "test" (rows as in the files;
+    `puzzle_index` is the 0-based data row)."""
+    splits, sides = {}, {}
+    for split, csv_path in (("train", train_csv), ("test", test_csv)):
+        inputs, labels, sides[split] = read_maze_csv(csv_path)
+        splits[split] = {"inputs": inputs, "labels": labels,
+                         "puzzle_identifiers": np.zeros(len(inputs), np.int32),
+                         "puzzle_index": np.arange(len(inputs))}
+        logger.info("%s: %d mazes %dx%d", csv_path, len(inputs), sides[split], sides[split])
+    if sides["train"] != sides["test"]:
+        raise DataError(f"{test_csv}: mazes are {sides['test']}x{sides['test']}, but {train_csv}"
+                        f" has {sides['train']}x{sides['train']}")
+    n = sides["train"]
+    source = {"train_csv": str(Path(train_csv).resolve()), "test_csv": str(Path(test_csv).resolve())}
+    build = {"builder": "maze.build_from_csv", "arguments": {"n": n}, "seed": None,
+             "source": source}
+    meta = DatasetMeta(task="maze", vocab_size=VOCAB_SIZE, seq_len=n * n, num_puzzle_identifiers=1,
+                       augmentation="dihedral", build=build)
+    return write_dataset(out_dir, splits, meta, overwrite=overwrite)

@@ -21,16 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pa_csv
 
 from urm_ray.data.progress import Progress, logger
 from urm_ray.data.store import DatasetMeta, write_dataset
+from urm_ray.data.tasks.puzzle_csv import char_matrix, read_csv_table, where
 from urm_ray.data.tasks.sudoku_solver import geometry, make_puzzle, random_solution
 from urm_ray.errors import ConfigError, DataError
 
-CSV_COLUMNS = ("source", "question", "answer", "rating")
 BLANK_TOKEN = 1
 _CHUNK = 65536  # rows per vectorised step, to bound temporary memory
 
@@ -186,63 +183,7 @@ def build_generated(
     return write_dataset(out_dir, splits, _meta(size, build), overwrite=overwrite)
 
 
-# CSV conversion. Sudoku-Extreme layout: source,question,answer,rating with '.' or '0' = blank.
-# Row R (1-based, header excluded) is line R + 1 of the file: empty lines count as (bad) rows.
-
-
-def _where(path: Path, row: int) -> str:
-    return f"{path}: row {row} (line {row + 1})"
-
-
-def _read_csv_table(path: Path) -> pa.Table:
-    """The CSV as string columns; DataError naming the file and row of a malformed row."""
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    bad_rows: list[Any] = []
-
-    def on_invalid(row: Any) -> str:
-        bad_rows.append(row)
-        return "error"
-
-    parse = pa_csv.ParseOptions(invalid_row_handler=on_invalid, ignore_empty_lines=False)
-    convert = pa_csv.ConvertOptions(column_types={c: pa.string() for c in CSV_COLUMNS})
-    read = pa_csv.ReadOptions(use_threads=False)  # row numbers of bad rows need one thread
-    try:
-        table = pa_csv.read_csv(
-            path, read_options=read, parse_options=parse, convert_options=convert
-        )
-    except pa.ArrowInvalid as err:
-        if not bad_rows:
-            raise DataError(f"{path}: cannot parse CSV ({err})") from err
-        row = bad_rows[0]  # `number` is the 1-based line
-        raise DataError(
-            f"{_where(path, row.number - 1)}: malformed row with {row.actual_columns} columns,"
-            f" expected {row.expected_columns} ({','.join(CSV_COLUMNS)}): {row.text[:100]!r}"
-        ) from err
-    missing = [c for c in CSV_COLUMNS if c not in table.column_names]
-    if missing:
-        raise DataError(
-            f"{path}: missing column(s) {missing}; header is {table.column_names},"
-            f" expected {list(CSV_COLUMNS)}"
-        )
-    return table
-
-
-def _char_matrix(table: pa.Table, column: str, length: int, path: Path) -> np.ndarray:
-    """[N, length] uint8 bytes of a string column; DataError for the first row of another length."""
-    arr = table.column(column).combine_chunks()
-    lengths = pc.binary_length(arr).fill_null(-1).to_numpy(zero_copy_only=False)  # [N]
-    bad = np.flatnonzero(lengths != length)
-    if len(bad):
-        i = int(bad[0])
-        raise DataError(
-            f"{_where(path, i + 1)}: {column} has {max(lengths[i], 0)} characters,"
-            f" expected {length}"
-        )
-    fixed = arr.cast(pa.binary(length))
-    data = np.frombuffer(fixed.buffers()[1], dtype=np.uint8)
-    start = fixed.offset * length
-    return data[start : start + len(fixed) * length].reshape(len(fixed), length)
+# CSV conversion. Sudoku-Extreme layout (see puzzle_csv): '.' or '0' = blank.
 
 
 def _digits(chars: np.ndarray, n: int, column: str, path: Path, allow_blank: bool) -> np.ndarray:
@@ -255,7 +196,7 @@ def _digits(chars: np.ndarray, n: int, column: str, path: Path, allow_blank: boo
         row, cell = np.argwhere(~ok)[0]
         expected = f"'.', '0' or '1'..'{n}'" if allow_blank else f"'1'..'{n}'"
         raise DataError(
-            f"{_where(path, int(row) + 1)}: {column} has {chr(chars[row, cell])!r} at cell {cell},"
+            f"{where(path, int(row) + 1)}: {column} has {chr(chars[row, cell])!r} at cell {cell},"
             f" expected {expected}"
         )
     return digits.astype(np.uint8)
@@ -267,14 +208,14 @@ def _check_answers(questions: np.ndarray, answers: np.ndarray, n: int, path: Pat
     if contradicts.any():
         row, cell = np.argwhere(contradicts)[0]
         raise DataError(
-            f"{_where(path, int(row) + 1)}: question has {questions[row, cell]} at cell {cell}"
+            f"{where(path, int(row) + 1)}: question has {questions[row, cell]} at cell {cell}"
             f" but the answer has {answers[row, cell]}"
         )
     for start in range(0, len(answers), _CHUNK):
         valid = valid_solutions_mask(answers[start : start + _CHUNK], n)
         if not valid.all():
             raise DataError(
-                f"{_where(path, start + int(np.argmin(valid)) + 1)}: answer breaks the Sudoku rules"
+                f"{where(path, start + int(np.argmin(valid)) + 1)}: answer breaks the Sudoku rules"
                 " (a digit repeats in a row, column or box)"
             )
 
@@ -282,9 +223,9 @@ def _check_answers(questions: np.ndarray, answers: np.ndarray, n: int, path: Pat
 def read_sudoku_csv(path: str | os.PathLike, n: int = 9) -> tuple[np.ndarray, np.ndarray]:
     """Validated (questions, answers) digit arrays [N, n*n] uint8 from a Sudoku-Extreme CSV."""
     path, start = Path(path), time.monotonic()
-    table = _read_csv_table(path)
-    question_chars = _char_matrix(table, "question", n * n, path)
-    answer_chars = _char_matrix(table, "answer", n * n, path)
+    table = read_csv_table(path)
+    question_chars = char_matrix(table, "question", n * n, path)
+    answer_chars = char_matrix(table, "answer", n * n, path)
     questions = _digits(question_chars, n, "question", path, allow_blank=True)
     answers = _digits(answer_chars, n, "answer", path, allow_blank=False)
     _check_answers(questions, answers, n, path)

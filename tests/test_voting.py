@@ -102,3 +102,20 @@ def test_generate_unconditional_from_a_blank_board():
     boards = generate_unconditional(model, num_samples=5)
     assert boards.shape == (5, TASK.seq_len) and boards.dtype == torch.long
     assert valid_queens_mask(boards.numpy(), 4).shape == (5,)
+
+
+def test_evaluate_batch_counts_verifier_accepted_answers():
+    from urm_ray.train.evaluate import evaluate_batch, summarize
+
+    model = build_model(TRMConfig(**{k: v for k, v in TINY.items() if k != "latent_dim"}), TASK).eval()
+    batch = _batch(rows=3)
+    plain = evaluate_batch(model, batch)
+    assert plain["valid"] == plain["exact"]  # without a verifier, valid means exact
+    answers = sample_answers(model, batch, num_samples=1)[0][0]  # [B, L] the model's answers
+    first_row = lambda answers, inputs, labels: torch.tensor([True, False, False])  # noqa: E731
+    judged = evaluate_batch(model, batch, verifier=first_row)
+    assert judged["valid"] == 1 and judged["exact"] == plain["exact"]
+    seen = []
+    evaluate_batch(model, batch, verifier=lambda a, i, l: seen.append((a, i, l)) or torch.ones(3, dtype=torch.bool))
+    assert torch.equal(seen[0][0], answers) and seen[0][1] is batch["inputs"]
+    assert summarize(judged)["eval/valid_accuracy"] == pytest.approx(1 / 3)

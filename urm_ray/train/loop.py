@@ -23,7 +23,7 @@ from torch import nn
 
 from urm_ray.config import RunConfig, TrainConfig, build_config
 from urm_ray.data import stream
-from urm_ray.data.tasks.verify import Verifier, verifier_for
+from urm_ray.data.tasks.verify import VERIFIERS, Verifier, verifier_for
 from urm_ray.losses import act_loss
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
@@ -55,6 +55,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     position = _maybe_restore(model, ema, optimizers)
     tracker = make_tracker(loop_config["tracking_uri"], loop_config["run_id"], rank == 0)
     trainer = Trainer(cfg, model, wrapped, ema, optimizers, tracker, device, rank, world, meta.seq_len)
+    if meta.task in VERIFIERS:  # held-out validity: any valid answer counts, not only the label
+        trainer.eval_verifier = verifier_for(meta.task, meta.seq_len)
     if getattr(cfg.model, "halt_target", "label") == "verifier":
         trainer.verifier = verifier_for(meta.task, meta.seq_len)
     trainer.run(position)
@@ -101,6 +103,8 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         # GRAM's halting target "a task verifier accepts it" (None = "equals the label")
         self.verifier: Verifier | None = None
+        # judges held-out answers for eval/valid_accuracy (None = exact match with the label)
+        self.eval_verifier: Verifier | None = None
 
     def run(self, position: Position) -> None:
         cfg = self.cfg.train
@@ -205,7 +209,7 @@ class Trainer:
         model = self.ema.averaged_copy(self.model) if self.ema is not None else self.model
         model.eval()
         with self._autocast():
-            totals = accumulate(model, batches)
+            totals = accumulate(model, batches, self.eval_verifier)
         return summarize(self._all_reduce(totals))
 
     def _report(self, position: Position, metrics: dict[str, float]) -> None:

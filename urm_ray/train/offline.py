@@ -10,6 +10,7 @@ import torch
 
 from urm_ray.config import RunConfig, build_config
 from urm_ray.data import stream
+from urm_ray.data.tasks.verify import VERIFIERS, verifier_for
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.optim import EMA
 from urm_ray.train import checkpoint
@@ -42,4 +43,6 @@ def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0) 
         dataset, cfg.train.eval_batch_size, epoch=0, seed=0, shuffle=False, drop_last=False,
         buffer_rows=0,
     )
-    return {"split": data_cfg.eval_split, **summarize(accumulate(model, batches))}
+    meta = stream.load_meta(data_cfg)
+    verifier = verifier_for(meta.task, meta.seq_len) if meta.task in VERIFIERS else None
+    return {"split": data_cfg.eval_split, **summarize(accumulate(model, batches, verifier))}

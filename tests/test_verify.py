@@ -118,7 +118,13 @@ def test_maze_accepts_every_shortest_path_and_rejects_near_misses():
         _grid("Sooo\n.ooo\n...G"),  # a detour: 6 path cells
         _grid("S...\n....\n...G"),  # no path marked
     ]
-    assert _run("maze", np.stack(answers), inputs) == [True, True, True, False, False, False, False]
+    answers = np.stack(answers)
+    expected = [True, True, True, False, False, False, False]
+    label = np.tile(answers[0], (len(answers), 1))  # the verifier reads the shortest length here
+    assert _run("maze", answers, inputs, label) == expected
+    # with the shortest length found by BFS instead, and with an unmarked (ignored) label
+    assert maze.valid_paths_mask(answers, np.tile(inputs, (len(answers), 1)), 4).tolist() == expected
+    assert _run("maze", answers, inputs, np.full_like(answers, -100)) == expected
 
 
 def test_maze_answer_must_keep_walls_start_and_goal():
@@ -126,24 +132,29 @@ def test_maze_answer_must_keep_walls_start_and_goal():
     good = _grid("S#.\no#.\nooG")
     through_wall = _grid("So.\n.oo\n..G")  # crosses a wall cell
     moved_goal = _grid("S#.\no#.\noGo")  # the goal token written elsewhere
-    assert _run("maze", np.stack([good, through_wall, moved_goal]), inputs) == [True, False, False]
+    answers = np.stack([good, through_wall, moved_goal])
+    assert _run("maze", answers, inputs, np.tile(good, (3, 1))) == [True, False, False]
 
 
 def test_maze_without_route_needs_an_empty_answer():
     inputs = _grid("S#.\n##.\n..G")
-    assert _run("maze", np.stack([inputs, _grid("S#o\n##.\n..G")]), inputs) == [True, False]
+    answers = np.stack([inputs, _grid("S#o\n##.\n..G")])
+    assert _run("maze", answers, inputs, np.tile(inputs, (2, 1))) == [True, False]
     no_goal = _grid("S..\n...\n...")
-    assert _run("maze", no_goal[None], no_goal) == [False]
+    assert _run("maze", no_goal[None], no_goal, no_goal[None]) == [False]
 
 
 def test_generated_maze_labels_pass_and_shifted_paths_fail():
     inputs, labels = next(maze.generate_mazes(11, 4, min_path=20, seed=4))
-    assert _run("maze", labels, inputs) == [True] * len(labels)
-    broken = labels.copy()
-    for row in broken:  # drop one path cell: the route breaks
+    assert _run("maze", labels, inputs, labels) == [True] * len(labels)
+    broken, moved = labels.copy(), labels.copy()
+    for row, other in zip(broken, moved):
         cells = np.flatnonzero(row == maze.PATH_TOKEN)
-        row[cells[0]] = maze.OPEN_TOKEN
-    assert _run("maze", broken, inputs) == [False] * len(labels)
+        row[cells[0]] = maze.OPEN_TOKEN  # drop one path cell: the route breaks
+        other[cells[0]] = maze.OPEN_TOKEN  # and mark a stray open cell instead: count is right
+        other[np.flatnonzero(other == maze.OPEN_TOKEN)[-1]] = maze.PATH_TOKEN
+    assert _run("maze", broken, inputs, labels) == [False] * len(labels)
+    assert _run("maze", moved, inputs, labels) == [False] * len(labels)
 
 
 # --- registry ---------------------------------------------------------------------------------

@@ -11,11 +11,11 @@ with each remaining wall between two rooms knocked down with probability `loop_p
 several routes and the shortest must be found; start and goal are two random rooms; BFS solves
 it. A maze is kept when the shortest path has at least `min_path` moves (the hardness filter; the
 papers' Maze-Hard is 30x30 with paths over 110) and, with `unique_path`, no other path is as
-short (so the label is the one correct answer). Random-wall mazes as in Searchformer (30-50%
-walls) were tried first: on 30x30 their shortest paths stayed under 90 moves in 3k draws, so they
-cannot meet the papers' hardness. Mazes
-are distinct up to the 8 symmetries of the square across both splits, which the dihedral
-augmentation relies on.
+short (so the label is the one correct answer). For even n the last row and column are wall.
+Mazes are distinct up to the 8 symmetries of the square across both splits, so the dihedral
+augmentation cannot turn a training maze into a test maze. Random-wall mazes as in Searchformer
+(30-50% walls) were tried first: on 30x30 their shortest paths stayed under 90 moves in 3k draws,
+so they cannot meet the papers' hardness.
 
     build_generated("data/maze30", n=30, num_train=1000, num_test=1000, min_path=110, seed=0)
     build_from_csv("data/maze-hard", "train.csv", "test.csv")     # the official CSVs
@@ -95,25 +95,51 @@ def _cells(tokens: np.ndarray, n: int) -> np.ndarray:
     return np.asarray(tokens).reshape(-1, n, n)
 
 
-def valid_paths_mask(answers: Any, inputs: Any, n: int) -> np.ndarray:
+def _neighbour_count(mask: np.ndarray) -> np.ndarray:
+    """[B, n, n] int8: how many of each cell's 4-neighbours are in `mask`."""
+    return _neighbour_sum(mask.astype(np.int8))
+
+
+def _shortest_lengths(inputs: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
+    """[B] shortest start-goal moves (-1 unreachable): read off the label's path when it marks
+    one (builders check labels are shortest paths), by BFS for the other rows."""
+    is_open, start, goal = (inputs == OPEN_TOKEN), inputs == START_TOKEN, inputs == GOAL_TOKEN
+    shortest = np.full(len(inputs), -1, np.int64)
+    search = np.ones(len(inputs), bool)
+    if labels is not None:
+        marked = ((labels == PATH_TOKEN) & is_open).sum(axis=(1, 2))
+        search = marked == 0
+        shortest[~search] = marked[~search] + 1
+    if search.any():
+        rows = np.flatnonzero(search)
+        dist, _ = bfs((is_open | start | goal)[rows], start[rows], until=goal[rows])
+        shortest[rows] = np.where(goal[rows], dist, -1).max(axis=(1, 2))
+    return shortest
+
+
+def valid_paths_mask(answers: Any, inputs: Any, n: int, labels: Any = None) -> np.ndarray:
     """[B] bool: each answer [B, n*n] is its input maze with one shortest start-goal path marked.
 
     The answer must keep every wall, start and goal of the input, mark only open cells as path,
-    and its path cells plus start and goal must connect start to goal using exactly (shortest
-    length - 1) path cells, which makes that path a shortest one. A maze without exactly one
-    start and one goal is never solved; one whose goal is unreachable is solved by marking no
-    path."""
+    and mark exactly (shortest length - 1) cells such that each path cell has exactly two
+    neighbours among path, start and goal cells, and start and goal exactly one. Those cells
+    then form a start-goal path (no room is left for a detached loop), so a shortest one; every
+    shortest path passes (a cell touching a third one would allow a shortcut). The shortest
+    length comes from `labels` when given and marked, else from a BFS. A maze without exactly
+    one start and one goal is never solved; one whose goal is unreachable is solved by marking
+    no path."""
     answers, inputs = _cells(answers, n), _cells(inputs, n)
+    labels = None if labels is None else _cells(labels, n)
     is_open = inputs == OPEN_TOKEN
     kept = np.where(is_open, (answers == OPEN_TOKEN) | (answers == PATH_TOKEN), answers == inputs)
     start, goal = inputs == START_TOKEN, inputs == GOAL_TOKEN
     well_formed = (start.sum(axis=(1, 2)) == 1) & (goal.sum(axis=(1, 2)) == 1)
-    dist, _ = bfs(is_open | start | goal, start, until=goal)
-    shortest = np.where(goal, dist, -1).max(axis=(1, 2))  # [B] -1 when unreachable
+    shortest = _shortest_lengths(inputs, labels)  # [B]
     on_path = (answers == PATH_TOKEN) & is_open
     path_cells = on_path.sum(axis=(1, 2))
-    walked, _ = bfs(on_path | start | goal, start, until=goal)
-    connects = (np.where(goal, walked, -1).max(axis=(1, 2)) >= 0) & (path_cells == shortest - 1)
+    degree = _neighbour_count(on_path | start | goal)  # [B, n, n]
+    chain = np.where(on_path, degree == 2, np.where(start | goal, degree == 1, True))
+    connects = chain.all(axis=(1, 2)) & (path_cells == shortest - 1)
     solved = np.where(shortest < 0, path_cells == 0, connects)
     return kept.all(axis=(1, 2)) & well_formed & solved
 

@@ -101,3 +101,19 @@ def test_build_and_cli(tmp_path, capsys):
     assert store.read_metadata(out).seq_len == 42
     assert main(["data", "coloring", "--out", str(tmp_path / "bad"), "--colors", "1"]) == 2
     assert "colors=1" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+@pytest.mark.slow
+def test_ray_stream_augments_graphs_validly(ray_local, tmp_path):
+    import torch
+
+    from urm_ray.data import stream
+    from urm_ray.data.config import DataConfig
+
+    coloring.build_generated(tmp_path / "c", n=N, colors=K, num_train=10, num_test=2, seed=1)
+    ds = stream.train_dataset(DataConfig(path=str(tmp_path / "c"), num_augmentations=4))
+    batches = list(stream.iter_torch_batches(ds, 16, shuffle=False))
+    inputs, labels = (torch.cat([b[k] for b in batches]).numpy() for k in ("inputs", "labels"))
+    assert len(inputs) == 40 and (labels.reshape(-1, N, N + 1)[:, :, 1:] == -100).all()
+    assert coloring.valid_colorings_mask(labels, inputs, N).all()
+    assert len({x.tobytes() for x in inputs}) > 10

@@ -208,3 +208,20 @@ def test_bad_csv_names_file_row_and_value_and_leaves_nothing(tmp_path, small_maz
         maze.build_from_csv(tmp_path / "out", bad, tmp_path / "test.csv")
     assert f"{bad}: row 2 (line 3)" in str(err.value) and message in str(err.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "test.csv"]
+
+
+@pytest.mark.slow
+def test_ray_stream_augments_mazes_validly(ray_local, tmp_path):
+    import torch
+
+    from urm_ray.data import stream
+    from urm_ray.data.config import DataConfig
+
+    maze.build_generated(tmp_path / "m", N, num_train=6, num_test=2, min_path=16, seed=2)
+    ds = stream.train_dataset(DataConfig(path=str(tmp_path / "m"), num_augmentations=8))
+    batches = list(stream.iter_torch_batches(ds, 16, shuffle=False))
+    inputs, labels = (torch.cat([b[k] for b in batches]).numpy() for k in ("inputs", "labels"))
+    aug = torch.cat([b["aug_index"] for b in batches]).numpy()
+    assert len(inputs) == 48 and sorted(set(aug.tolist())) == list(range(8))
+    assert maze.valid_paths_mask(labels, inputs, N).all()  # by BFS, independent of the labels
+    assert len({x.tobytes() for x in inputs}) > 6  # the augmentations differ from the originals

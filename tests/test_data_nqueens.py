@@ -103,3 +103,17 @@ def test_verifier_registry_works_on_token_tensors():
         verifier_for("arc2", 36)
     with pytest.raises(ConfigError, match="seq_len=35 is not a square"):
         verifier_for("nqueens", 35)
+
+
+def test_cli_builds_every_solution(tmp_path, capsys):
+    from urm_ray.cli import main
+    from urm_ray.data import store
+
+    assert main(["data", "nqueens", "--out", str(tmp_path / "q"), "--size", "6",
+                 "--repeats", "3"]) == 0
+    test = store.read_split(tmp_path / "q", "test")
+    assert len(test["labels"]) == 4 and valid_queens_mask(test["labels"], 6).all()
+    assert store.read_metadata(tmp_path / "q").splits["train"].num_rows == 12
+    assert main(["data", "nqueens", "--out", str(tmp_path / "bad"), "--size", "3"]) == 2
+    assert "n=3: the board has no solution" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -119,3 +119,21 @@ def test_evaluate_batch_counts_verifier_accepted_answers():
     evaluate_batch(model, batch, verifier=lambda a, i, l: seen.append((a, i, l)) or torch.ones(3, dtype=torch.bool))
     assert torch.equal(seen[0][0], answers) and seen[0][1] is batch["inputs"]
     assert summarize(judged)["eval/valid_accuracy"] == pytest.approx(1 / 3)
+
+
+def test_held_out_metrics_add_the_vote_and_coverage_only_when_sampling():
+    from urm_ray.train.evaluate import held_out_metrics
+
+    torch.manual_seed(0)
+    model = build_model(GRAMConfig(**TINY), TASK).eval()
+    batches = lambda: iter([_batch(rows=3), _batch(rows=2)])  # noqa: E731
+    plain = held_out_metrics(model, batches)
+    assert plain["eval/rows"] == 5 and "eval/coverage" not in plain
+    accept_all = lambda answers, inputs, labels: torch.ones(answers.shape[0], dtype=torch.bool)  # noqa: E731
+    sampled = held_out_metrics(model, batches, num_samples=4, verifier=accept_all)
+    assert set(plain) < set(sampled) and sampled["eval/rows"] == 5
+    assert sampled["eval/vote_valid"] == 1.0 and 1.0 < sampled["eval/coverage"] <= 4.0
+    assert sampled["eval/valid_accuracy"] == 1.0  # the deterministic pass is judged too
+    halved = held_out_metrics(model, batches, num_samples=4, verifier=accept_all,
+                              reduce=lambda sums: {k: v / 2 for k, v in sums.items()})
+    assert halved["eval/rows"] == 2.5  # the reduction is applied to the sums, before dividing

@@ -5,6 +5,10 @@
                                                   also: data maze, data nqueens, data coloring
     urm-ray train sudoku4-urm model.loops=8       train (or resume) one run on Ray Train
     urm-ray eval runs/<name>/checkpoint_...       evaluate a checkpoint on its held-out split
+    urm-ray sweep quickstart trials=8             hyperparameter sweep (Tune + Optuna + ASHA)
+    urm-ray sweep --resume NAME                   continue an interrupted sweep
+    urm-ray best NAME                             print and export a sweep's best config
+    urm-ray final NAME --seeds 3                  re-check the top configs, train the winner
 """
 
 from __future__ import annotations
@@ -41,6 +45,44 @@ def _eval(args: argparse.Namespace) -> None:
 
     metrics = evaluate_checkpoint(args.checkpoint, split=args.split, max_rows=args.max_rows)
     print(json.dumps(metrics, indent=2))
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from urm_ray.tune.sweep import create_sweep, load_sweep, run_sweep
+
+    if args.resume:
+        if args.space or args.overrides:
+            raise ConfigError("--resume NAME continues a sweep as created; give no SPACE or overrides")
+        info, space = load_sweep(args.resume, args.dir)
+    elif not args.space:
+        raise ConfigError("give a search space (a YAML path or a name in search_spaces/) or --resume NAME")
+    else:
+        info, space = create_sweep(args.space, args.overrides, args.name, args.dir, args.storage)
+    print(f"sweep {info.name} in {info.folder} (MLflow experiment {info.experiment!r})", flush=True)
+    outcome = run_sweep(info, space, resume=bool(args.resume))
+    print(json.dumps({"sweep": outcome.name, "finished": outcome.finished,
+                      "requested": outcome.requested, f"best {space.metric}": outcome.best_value,
+                      "best_config": outcome.best_config_path}, indent=2))
+    if outcome.interrupted:
+        print(f"interrupted: resume with `urm-ray sweep --resume {outcome.name}`", file=sys.stderr)
+
+
+def _best(args: argparse.Namespace) -> None:
+    from urm_ray.tune.best import export_best
+
+    trial, path, text = export_best(args.name, args.dir, args.out)
+    print(text, end="")
+    print(f"# trial {trial.number}: {trial.values} -> {path}", file=sys.stderr)
+
+
+def _final(args: argparse.Namespace) -> None:
+    from urm_ray.tune.best import final
+
+    outcome = final(args.name, args.dir, args.seeds, args.top, args.overrides, args.model_name)
+    summary = {k: v for k, v in outcome.metrics.items() if k.startswith("eval/") or k == "step"}
+    print(json.dumps({"winner_trial": outcome.winner, "seed_scores": outcome.scores,
+                      "mlflow_run_id": outcome.run_id, "registered_model": outcome.model_name,
+                      "model_version": outcome.model_version, **summary}, indent=2))
 
 
 def _data_sudoku(args: argparse.Namespace) -> None:
@@ -149,6 +191,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-rows", type=int, default=0, help="0 = all rows")
     ev.set_defaults(func=_eval)
 
+    _sweep_parsers(sub)
 
     data = sub.add_parser("data", help="build a dataset").add_subparsers(dest="task", required=True)
     s = data.add_parser("sudoku", help="generate n x n Sudoku or convert a Sudoku-Extreme CSV")
@@ -169,8 +212,49 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
+    sweep = sub.add_parser("sweep", help="run (or --resume) a hyperparameter sweep")
+    sweep.add_argument("space", nargs="?", help="search-space YAML or a name in search_spaces/")
+    sweep.add_argument("overrides", nargs="*",
+                       help="model./data./optim./train./tracking. keys change the base config; "
+                            "others the space (trials=8, scheduler.grace_steps=50)")
+    sweep.add_argument("--resume", metavar="NAME", help="continue an interrupted sweep")
+    sweep.add_argument("--name", default="", help="sweep name (default: <space>-<time>)")
+    sweep.add_argument("--storage", default="",
+                       help="Optuna database URL (default: sqlite in the sweep folder)")
+    sweep.add_argument("--dir", default="sweeps", help="folder holding sweeps (default ./sweeps)")
+    sweep.set_defaults(func=_sweep)
+
+    best = sub.add_parser("best", help="print and export the best config of a sweep")
+    best.add_argument("name")
+    best.add_argument("--out", default="", help="YAML file to write (default <sweep>/best_config.yaml)")
+    best.add_argument("--dir", default="sweeps")
+    best.set_defaults(func=_best)
+
+    fin = sub.add_parser("final", help="re-run the top configs over seeds, train and register the winner")
+    fin.add_argument("name")
+    fin.add_argument("overrides", nargs="*", help="for the final run, e.g. train.num_workers=2")
+    fin.add_argument("--seeds", type=int, default=0, help="seeds per top config (default: the space's)")
+    fin.add_argument("--top", type=int, default=0, help="configs to re-check (default: the space's)")
+    fin.add_argument("--model-name", default="", help="registered model (default urm-ray-<sweep>)")
+    fin.add_argument("--dir", default="sweeps")
+    fin.set_defaults(func=_final)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """Like parse_args, but key=value overrides may also follow options (`sweep S --name N k=v`)."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and (getattr(args, "command", "") not in ("sweep", "final")
+                  or any(item.startswith("-") or "=" not in item for item in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     func: Callable[[argparse.Namespace], None] = args.func
     try:

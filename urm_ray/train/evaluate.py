@@ -99,6 +99,22 @@ def summarize(totals: dict[str, torch.Tensor], prefix: str = "eval/") -> dict[st
     }
 
 
+def held_out_metrics(
+    model: nn.Module, batches: Callable[[], Iterable[dict[str, torch.Tensor]]], num_samples: int = 0,
+    verifier: Optional[Verifier] = None,
+    reduce: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] = lambda sums: sums,
+) -> dict[str, float]:
+    """The evaluation a run reports: ``summarize`` of one pass over ``batches()`` (its
+    ``valid_accuracy`` judged by ``verifier``), plus, when
+    ``num_samples`` > 0, the majority vote over that many sampled trajectories and its coverage
+    (a second pass). ``reduce`` combines the sums across ranks before dividing."""
+    metrics = summarize(reduce(accumulate(model, batches(), verifier)))
+    if num_samples:
+        sampled = summarize_sampled(reduce(accumulate_sampled(model, batches(), num_samples, verifier)))
+        metrics = {**sampled, **metrics}
+    return metrics
+
+
 # --- sampled (stochastic-model) evaluation -------------------------------------------------------
 
 SAMPLED_SUM_KEYS = ("rows", "exact", "tokens_correct", "tokens", "segments", "valid", "sample_valid",
@@ -156,6 +172,16 @@ def evaluate_sampled(
     values = (rows, exact.sum(), tokens_correct.sum(), tokens.sum(), segments * rows, voted_ok.sum(),
               accepted.double().mean(0).sum(), coverage(answers, accepted).sum())
     return {k: torch.as_tensor(v, dtype=torch.float64) for k, v in zip(SAMPLED_SUM_KEYS, values)}
+
+
+def accumulate_sampled(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], num_samples: int,
+                       verifier: Optional[Verifier] = None) -> dict[str, torch.Tensor]:
+    """Sum ``evaluate_sampled`` over batches (sums, so ranks can all-reduce before dividing)."""
+    totals = {k: torch.zeros((), dtype=torch.float64) for k in SAMPLED_SUM_KEYS}
+    for batch in batches:
+        for key, value in evaluate_sampled(model, batch, num_samples, verifier).items():
+            totals[key] += value.cpu()
+    return totals
 
 
 def summarize_sampled(totals: dict[str, torch.Tensor], prefix: str = "eval/") -> dict[str, float]:

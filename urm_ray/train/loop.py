@@ -23,14 +23,14 @@ from torch import nn
 
 from urm_ray.config import RunConfig, TrainConfig, build_config
 from urm_ray.data import stream
-from urm_ray.data.tasks.verify import VERIFIERS, Verifier, verifier_for
+from urm_ray.data.tasks.verify import Verifier, optional_verifier, verifier_for
 from urm_ray.losses import act_loss
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
 from urm_ray.tracking import Tracker, make_tracker
 from urm_ray.train import checkpoint
 from urm_ray.train.checkpoint import Position
-from urm_ray.train.evaluate import accumulate, summarize
+from urm_ray.train.evaluate import held_out_metrics
 from urm_ray.typed import to_dict
 
 
@@ -55,10 +55,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     position = _maybe_restore(model, ema, optimizers)
     tracker = make_tracker(loop_config["tracking_uri"], loop_config["run_id"], rank == 0)
     trainer = Trainer(cfg, model, wrapped, ema, optimizers, tracker, device, rank, world, meta.seq_len)
-    if meta.task in VERIFIERS:  # held-out validity: any valid answer counts, not only the label
-        trainer.eval_verifier = verifier_for(meta.task, meta.seq_len)
     if getattr(cfg.model, "halt_target", "label") == "verifier":
         trainer.verifier = verifier_for(meta.task, meta.seq_len)
+    trainer.eval_verifier = optional_verifier(meta.task, meta.seq_len)
     trainer.run(position)
 
 
@@ -103,7 +102,8 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         # GRAM's halting target "a task verifier accepts it" (None = "equals the label")
         self.verifier: Verifier | None = None
-        # judges held-out answers for eval/valid_accuracy (None = exact match with the label)
+        # judges held-out answers: eval/valid_accuracy and, with train.eval_samples > 0, the
+        # sampled answers' validity and coverage (None = "equals the label")
         self.eval_verifier: Verifier | None = None
 
     def run(self, position: Position) -> None:
@@ -199,18 +199,19 @@ class Trainer:
 
     def _evaluate(self) -> dict[str, float]:
         shard = ray.train.get_dataset_shard("eval")
-        batches = (
-            {k: v.to(self.device) for k, v in b.items()}
-            for b in stream.iter_torch_batches(
+
+        def batches() -> Iterator[dict[str, torch.Tensor]]:
+            rows = stream.iter_torch_batches(
                 shard, self.cfg.train.eval_batch_size, epoch=0, seed=0, shuffle=False,
                 drop_last=False, buffer_rows=0,
             )
-        )
+            return ({k: v.to(self.device) for k, v in b.items()} for b in rows)
+
         model = self.ema.averaged_copy(self.model) if self.ema is not None else self.model
         model.eval()
         with self._autocast():
-            totals = accumulate(model, batches, self.eval_verifier)
-        return summarize(self._all_reduce(totals))
+            return held_out_metrics(model, batches, self.cfg.train.eval_samples, self.eval_verifier,
+                                    reduce=self._all_reduce)
 
     def _report(self, position: Position, metrics: dict[str, float]) -> None:
         cfg = self.cfg.train

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +11,11 @@ import torch
 
 from urm_ray.config import RunConfig, build_config
 from urm_ray.data import stream
-from urm_ray.data.tasks.verify import VERIFIERS, verifier_for
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.optim import EMA
 from urm_ray.train import checkpoint
-from urm_ray.train.evaluate import accumulate, summarize
+from urm_ray.data.tasks.verify import optional_verifier
+from urm_ray.train.evaluate import held_out_metrics
 
 
 def load_checkpoint(folder: str | Path) -> tuple[RunConfig, torch.nn.Module]:
@@ -39,10 +40,14 @@ def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0) 
     dataset = stream.eval_dataset(data_cfg)
     if max_rows:
         dataset = dataset.limit(max_rows)
-    batches = stream.iter_torch_batches(
-        dataset, cfg.train.eval_batch_size, epoch=0, seed=0, shuffle=False, drop_last=False,
-        buffer_rows=0,
-    )
-    meta = stream.load_meta(data_cfg)
-    verifier = verifier_for(meta.task, meta.seq_len) if meta.task in VERIFIERS else None
-    return {"split": data_cfg.eval_split, **summarize(accumulate(model, batches, verifier))}
+    meta = stream.load_meta(cfg.data)
+
+    def batches() -> Iterator[dict[str, torch.Tensor]]:
+        return stream.iter_torch_batches(
+            dataset, cfg.train.eval_batch_size, epoch=0, seed=0, shuffle=False, drop_last=False,
+            buffer_rows=0,
+        )
+
+    metrics = held_out_metrics(model, batches, cfg.train.eval_samples,
+                               optional_verifier(meta.task, meta.seq_len))
+    return {"split": data_cfg.eval_split, **metrics}

@@ -92,3 +92,9 @@ def verifier_for(task: str, seq_len: int) -> Verifier:
     if task not in VERIFIERS:
         raise ConfigError(f"task {task!r} has no verifier; expected one of {sorted(VERIFIERS)}")
     return _on_numpy(VERIFIERS[task](seq_len))
+
+
+def optional_verifier(task: str, seq_len: int) -> Verifier | None:
+    """``task``'s verifier, or None where it has none (answers then count as valid only when
+    they equal the label)."""
+    return verifier_for(task, seq_len) if task in VERIFIERS else None

@@ -1,0 +1,121 @@
+"""Search spaces: every shipped space validates; bad spaces fail before any trial, naming the
+parameter; define-by-run sampling respects dependent bounds; expressions are arithmetic only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from urm_ray.errors import ConfigError
+from urm_ray.tune.expr import Expr
+from urm_ray.tune.space import REPO_SPACES, load_space
+
+SHIPPED = sorted(REPO_SPACES.glob("*.yaml"))
+BASE = {
+    "base": "sudoku4-urm",
+    "params": {
+        "model.loops": {"type": "int", "low": 2, "high": 6},
+        "model.truncation": {"type": "int", "low": 0, "high": "model.loops - 1"},
+        "optim.lr": {"type": "log_float", "low": 1.0e-4, "high": 3.0e-3},
+        "model.ffn": {"type": "categorical", "choices": ["swiglu", "conv_swiglu"]},
+    },
+    "trials": 4,
+}
+
+
+def _space(tmp_path: Path, **changes) -> Path:
+    data = {**BASE, **changes}
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_shipped_spaces_include_the_issue_list():
+    names = {p.stem for p in SHIPPED}
+    assert {"quickstart", "urm-sudoku", "urm-arc1", "urm-arc2", "gram", "trm", "hrm"} <= names
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_every_shipped_space_validates(path: Path):
+    space = load_space(str(path))
+    assert space.params and space.spec.trials >= 1
+    # paper-centred spaces start from the paper's point, which must lie inside the space
+    for point in space.spec.start_from:
+        space.trial_config(point)
+
+
+def test_gram_space_searches_the_kl_coefficient():
+    assert "model.kl_coef" in [p.key for p in load_space("gram").params]
+
+
+def test_valid_space_and_overrides(tmp_path: Path):
+    space = load_space(str(_space(tmp_path)), ["trials=7", "train.steps=300", "train.eval_every=50",
+                                               "scheduler.grace_steps=100"])
+    assert space.spec.trials == 7 and space.steps == 300
+    assert [p.key for p in space.params] == ["model.loops", "model.truncation", "optim.lr", "model.ffn"]
+
+
+@pytest.mark.parametrize("params, match", [
+    ({"model.loopz": {"type": "int", "low": 2, "high": 4}}, "model.loopz: unknown config key"),
+    ({"optim.lr": {"type": "float", "low": 1.0e-2, "high": 1.0e-3}}, r"optim.lr: empty range"),
+    ({"optim.lr": {"type": "log_float", "low": 0.0, "high": 1.0e-3}}, r"optim.lr: log range"),
+    ({"model.ffn": {"type": "categorical", "choices": []}}, "model.ffn: categorical needs"),
+    # truncation may reach loops: the config rejects truncation == loops
+    ({"model.loops": {"type": "int", "low": 2, "high": 6},
+      "model.truncation": {"type": "int", "low": 0, "high": "model.loops"}}, "model.truncation"),
+    # the bound is empty for small loop counts
+    ({"model.loops": {"type": "int", "low": 1, "high": 6},
+      "model.truncation": {"type": "int", "low": 1, "high": "model.loops - 1"}},
+     r"model.truncation: empty range \[1, 0\] when model.loops=1"),
+    ({"model.truncation": {"type": "int", "low": 0, "high": "model.loops - 1"},
+      "model.loops": {"type": "int", "low": 2, "high": 6}}, "declared later"),
+    ({"model.loops": {"type": "float", "low": 2, "high": 6}}, "model.loops"),
+    ({"train.steps": {"type": "int", "low": 100, "high": 200}}, "train.steps: set by the sweep"),
+])
+def test_bad_spaces_name_the_parameter(tmp_path: Path, params, match):
+    with pytest.raises(ConfigError, match=match):
+        load_space(str(_space(tmp_path, params=params)))
+
+
+def test_bad_objective_scheduler_and_start_point(tmp_path: Path):
+    with pytest.raises(ConfigError, match="accuracy"):
+        load_space(str(_space(tmp_path, objectives=[{"metric": "accuracy", "mode": "max"}])))
+    with pytest.raises(ConfigError, match="multiple of train.eval_every"):
+        load_space(str(_space(tmp_path)), ["scheduler.grace_steps=30"])
+    point = {"model.loops": 4, "model.truncation": 4, "optim.lr": 1e-3, "model.ffn": "swiglu"}
+    with pytest.raises(ConfigError, match="model.truncation=4 is outside"):
+        load_space(str(_space(tmp_path, start_from=[point])))
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_space(str(_space(tmp_path, trails=4)))
+
+
+def test_define_by_run_respects_dependent_bounds(tmp_path: Path):
+    space = load_space(str(_space(tmp_path)))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(40):
+        trial = study.ask()
+        values = space.suggest(trial)
+        assert 0 <= values["model.truncation"] < values["model.loops"] <= 6
+        cfg = space.trial_config(values)
+        assert cfg.model.truncation == values["model.truncation"]
+        study.tell(trial, 0.0)
+
+
+def test_bounds_may_read_fixed_config_values(tmp_path: Path):
+    params = {"model.loops": {"type": "int", "low": 1, "high": "16 // model.max_segments"}}
+    space = load_space(str(_space(tmp_path, params=params)), ["model.max_segments=8",
+                                                                  "model.truncation=0"])
+    assert space.params[0].bounds(space.env({})) == (1, 2)
+
+
+def test_expressions_are_arithmetic_only():
+    assert Expr("min(4, model.loops - 1)").evaluate({"model.loops": 3}) == 2
+    values = {"eval/mean_segments": 2.5, "model.loops": 4}
+    assert Expr("eval/mean_segments * model.loops").evaluate(values) == 10
+    with pytest.raises(ConfigError, match="not allowed"):
+        Expr("__import__('os')")
+    with pytest.raises(ConfigError, match="unknown name"):
+        Expr("model.loops.__class__").evaluate({"model.loops": 2})

@@ -1,0 +1,175 @@
+"""A tiny sweep end to end on the private 2-CPU Ray instance and an SQLite MLflow store (slow).
+
+One sweep of 4 trials (2 at a time) is interrupted with SIGINT (Ctrl-C) after its first finished
+trial and resumed: it must end with exactly 4 trials in Optuna and 4 nested MLflow runs, at least
+one of them pruned by ASHA (PRUNED in Optuna, KILLED with its fate in MLflow), and a parent run
+holding the best config, the leaderboard and the plots; ``best`` exports a config that
+``urm-ray train`` accepts, and ``final`` re-runs it over seeds, trains it and registers the model.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
+from ray import tune
+
+from urm_ray.cli import main
+from urm_ray.config import load_config
+from urm_ray.data.tasks import sudoku
+from urm_ray.tune.best import final
+from urm_ray.tune.sweep import create_sweep, init_ray, load_sweep, run_sweep
+
+pytestmark = pytest.mark.slow
+
+METRIC = "eval/token_accuracy"  # finer than exact accuracy after a few steps: fewer ties
+SPACE = {
+    "base": "sudoku4-urm",
+    "overrides": {
+        "model.hidden_size": 32, "model.num_heads": 2, "model.num_layers": 1,
+        "model.expansion": 1.0, "train.steps": 30, "train.global_batch_size": 16,
+        "train.log_every": 5, "train.eval_every": 10, "train.checkpoint_every": 10,
+        "train.eval_max_rows": 32, "optim.warmup_steps": 2,
+    },
+    "params": {
+        "model.loops": {"type": "int", "low": 2, "high": 3},
+        "model.truncation": {"type": "int", "low": 0, "high": "model.loops - 1"},
+        "optim.lr": {"type": "log_float", "low": 1.0e-4, "high": 3.0e-3},
+    },
+    "objectives": [{"metric": METRIC, "mode": "max"}],
+    # two good configs first, then a hopeless lr: it starts after both have passed the first
+    # ASHA rung and falls below them there, so at least one trial is pruned
+    "start_from": [
+        {"model.loops": 2, "model.truncation": 1, "optim.lr": 3.0e-3},
+        {"model.loops": 2, "model.truncation": 0, "optim.lr": 2.0e-3},
+        {"model.loops": 2, "model.truncation": 1, "optim.lr": 1.0e-4},
+    ],
+    "trials": 4,
+    "resources": {"workers": 1, "cpus_per_worker": 0.4},
+    "scheduler": {"name": "asha", "grace_steps": 10, "reduction_factor": 2},
+    "search": {"seed": 0, "startup_trials": 2},
+    "final": {"top": 1, "seeds": 2, "overrides": {"train.steps": 20}},
+}
+
+
+class InterruptOnce(tune.Callback):
+    """Ctrl-C after the first finished trial, once (the callback is restored on resume)."""
+
+    def __init__(self, flag: Path) -> None:
+        self.flag = flag
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        if not self.flag.exists():
+            self.flag.touch()
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.fixture(scope="module")
+def ray_sweep():
+    """The session's Ray instance if a test already started one; else a private 2-CPU one whose
+    State API address is pinned (see ``init_ray``: other Ray instances on this machine)."""
+    if ray.is_initialized():
+        yield
+        return
+    init_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+    os.environ.pop("RAY_API_SERVER_ADDRESS", None)
+
+
+@pytest.fixture(scope="module")
+def sweep(ray_sweep, tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweeps")
+    data = root / "sudoku4"
+    sudoku.build_generated(data, size=4, num_train=300, num_test=64, blanks=8, seed=1)
+    (root / "tiny.yaml").write_text(yaml.safe_dump(SPACE, sort_keys=False))
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    info, space = create_sweep(str(root / "tiny.yaml"), [f"data.path={data}", f"tracking.tracking_uri={uri}"],
+                               name="tiny", root=str(root))
+    first = run_sweep(info, space, callbacks=[InterruptOnce(root / "interrupted")])
+    info, space = load_sweep("tiny", str(root))
+    second = run_sweep(info, space, resume=True)
+    return {"root": root, "uri": uri, "info": info, "space": space, "first": first, "second": second}
+
+
+def _children(sweep) -> list:
+    client = MlflowClient(sweep["uri"])
+    experiment = client.get_experiment_by_name(sweep["info"].experiment)
+    parent = sweep["info"].parent_run_id
+    return client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")
+
+
+def test_interrupted_sweep_resumes_to_exactly_the_requested_trials(sweep):
+    assert sweep["first"].interrupted and sweep["first"].finished < 4
+    assert sweep["second"].finished == 4 and not sweep["second"].interrupted
+    trials = sweep["info"].study().trials
+    assert [t.number for t in trials] == [0, 1, 2, 3]
+    assert all(t.state.is_finished() for t in trials)
+    children = _children(sweep)
+    names = sorted(r.info.run_name for r in children)
+    assert names == ["tiny-t000", "tiny-t001", "tiny-t002", "tiny-t003"]  # no duplicate runs
+
+
+def test_trials_are_pruned_and_recorded_with_their_fate(sweep):
+    trials = sweep["info"].study().trials
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    assert pruned, [(t.number, t.state, t.intermediate_values) for t in trials]
+    assert all(t.intermediate_values and t.user_attrs["fate"] == "pruned" for t in pruned)
+    fates = {r.info.run_name: (r.data.tags["urm_ray.fate"], r.info.status) for r in _children(sweep)}
+    for trial in trials:
+        fate = trial.user_attrs["fate"]
+        expected = {"completed": "FINISHED", "pruned": "KILLED", "failed": "FAILED"}[fate]
+        assert fates[f"tiny-t{trial.number:03d}"] == (fate, expected)
+
+
+def test_trial_runs_hold_sampled_values_full_config_and_curves(sweep):
+    client = MlflowClient(sweep["uri"])
+    for run in _children(sweep):
+        params = run.data.params
+        assert {"sampled.model.loops", "sampled.optim.lr", "model.loops", "train.steps",
+                "data.path"} <= set(params)
+        assert params["sampled.model.loops"] == params["model.loops"]
+        history = client.get_metric_history(run.info.run_id, METRIC)
+        assert history and history[0].step == 10
+
+
+def test_parent_run_holds_best_config_leaderboard_and_plots(sweep):
+    client = MlflowClient(sweep["uri"])
+    parent = client.get_run(sweep["info"].parent_run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics[f"best/{METRIC}"] == sweep["second"].best_value
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"best_config.yaml", "leaderboard.csv", "plots"} <= artifacts
+    plots = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
+    assert {"plots/optimization_history.png", "plots/slice.png"} <= plots
+    rows = (sweep["info"].path / "leaderboard.csv").read_text().splitlines()
+    assert len(rows) == 5 and rows[0].startswith("rank,trial,fate,last_step")
+
+
+def test_best_config_is_exported_and_trainable(sweep, capsys):
+    out = sweep["root"] / "best.yaml"
+    assert main(["best", "tiny", "--dir", str(sweep["root"]), "--out", str(out)]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == yaml.safe_load(out.read_text())
+    cfg = load_config(str(out))
+    best = max((t for t in sweep["info"].study().trials if t.state == TrialState.COMPLETE),
+               key=lambda t: t.value)
+    assert cfg.optim.lr == best.params["optim.lr"] and cfg.model.loops == best.params["model.loops"]
+    assert cfg.train.cpus_per_worker == 0.4 and cfg.train.steps == 30
+
+
+def test_final_reruns_seeds_trains_and_registers(sweep):
+    outcome = final("tiny", str(sweep["root"]), seeds=2, overrides=["train.log_every=5"])
+    assert len(outcome.scores[outcome.winner]) == 2
+    assert outcome.metrics["step"] == 20 and outcome.model_version == "1"
+    client = MlflowClient(sweep["uri"])
+    run = client.get_run(outcome.run_id)
+    final_parent = client.get_run(run.data.tags["mlflow.parentRunId"])
+    assert final_parent.data.tags["mlflow.parentRunId"] == sweep["info"].parent_run_id
+    version = client.get_model_version(outcome.model_name, "1")
+    assert version.run_id == outcome.run_id and METRIC in version.tags

@@ -1,0 +1,176 @@
+"""Reuse a sweep: export its best config; re-run the top configs over seeds; train the winner.
+
+    urm-ray best NAME                        print the best config, write <sweep>/best_config.yaml
+    urm-ray final NAME --seeds 3 train.num_workers=2
+
+``final`` re-trains the sweep's top configs (``--top``, default from the space) at the sweep's
+trial length with ``--seeds`` new seeds each, because one short run of a config varies by about
+two points; the config with the best mean then trains once at full length (the space's ``final``
+overrides, then the command line's), logged under the sweep's parent run, and its EMA model is
+registered in the MLflow Model Registry with its config and metrics.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import ray
+from optuna.trial import FrozenTrial
+from ray import tune
+
+from urm_ray import tracking
+from urm_ray.config import RunConfig, apply_overrides, build_config, dump_yaml
+from urm_ray.errors import ConfigError
+from urm_ray.tune.report import BEST_FILE, best_config, ranked
+from urm_ray.tune.space import SearchSpace, with_values
+from urm_ray.tune.sweep import DEFAULT_ROOT, SweepInfo, init_ray, load_sweep
+from urm_ray.tune.trial import KIND_TAG, SWEEP_TAG, TRIAL_TAG
+from urm_ray.typed import to_dict
+
+
+@dataclass
+class FinalOutcome:
+    winner: int  # Optuna trial number
+    scores: dict[int, list[float]]  # trial -> primary metric per seed
+    metrics: dict[str, Any]  # the final run's last metrics
+    run_id: str | None
+    model_name: str
+    model_version: str | None
+
+
+def top_trials(info: SweepInfo, space: SearchSpace, count: int) -> list[FrozenTrial]:
+    trials = ranked(info.study(), space)[:count]
+    if not trials:
+        raise ConfigError(f"sweep {info.name!r} has no completed trial yet")
+    return trials
+
+
+def export_best(name: str, root: str = DEFAULT_ROOT, out: str = "") -> tuple[FrozenTrial, Path, str]:
+    """The best trial, the file its config was written to, and that YAML."""
+    info, space = load_sweep(name, root)
+    trial = top_trials(info, space, 1)[0]
+    text = dump_yaml(best_config(space, trial, info.trial_overrides))
+    path = Path(out) if out else info.path / BEST_FILE
+    path.write_text(text)
+    return trial, path, text
+
+
+def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
+          overrides: list[str] | None = None, model_name: str = "") -> FinalOutcome:
+    """Re-evaluate the top configs over seeds, train the winner at full length, register it."""
+    info, space = load_sweep(name, root)
+    candidates = top_trials(info, space, top or space.spec.final.top)
+    seeds = seeds or space.spec.final.seeds
+    if not ray.is_initialized():
+        init_ray()
+    parent = tracking.open_run(
+        info.tracking_uri, info.experiment, f"{name}-final",
+        {"top": len(candidates), "seeds": seeds, "overrides": " ".join(overrides or [])},
+        {tracking.PARENT_TAG: info.parent_run_id, KIND_TAG: "final", SWEEP_TAG: name},
+    )
+    if len(candidates) > 1 or seeds > 1:
+        scores = _reevaluate(info, space, candidates, seeds, parent)
+    else:  # one config, one seed: its sweep result is all there is to know
+        scores = {candidates[0].number: [candidates[0].values[0]]}
+    sign = 1.0 if space.mode == "max" else -1.0
+    winner = max(candidates, key=lambda t: sign * statistics.fmean(scores[t.number]))
+    outcome = _train_winner(info, space, winner, overrides or [], parent, model_name or f"urm-ray-{name}")
+    outcome.scores = scores
+    _log_scores(info, space, parent, scores, winner.number)
+    tracking.close_run(info.tracking_uri, parent, "FINISHED")
+    return outcome
+
+
+def _seed_config(info: SweepInfo, space: SearchSpace, trial: FrozenTrial, seed: int) -> RunConfig:
+    return space.trial_config(dict(trial.params), {
+        **info.trial_overrides, "train.seed": seed, "data.shuffle_seed": seed,
+        "train.run_name": f"{info.name}-final-t{trial.number:03d}-s{seed}",
+        "train.storage_path": str(info.path / "final"), "tracking.tracking_uri": info.tracking_uri,
+        "tracking.experiment": info.experiment,
+    })
+
+
+def _seed_run(config: dict[str, Any], runs: dict[str, tuple[int, dict[str, Any]]],
+              tags: dict[str, str], metric: str) -> None:
+    """Tune trainable: one (candidate, seed) run, reporting its final metric."""
+    from urm_ray.train.driver import fit
+
+    number, data = runs[config["run"]]
+    result = fit(build_config(data), tags={**tags, TRIAL_TAG: str(number)})
+    ray.tune.report({metric: result.metrics.get(metric, float("nan"))})
+
+
+def _reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTrial], seeds: int,
+                parent: str) -> dict[int, list[float]]:
+    """Each candidate at the sweep's trial length with seeds base+1..base+K, run like trials."""
+    from urm_ray.tune.resources import plan
+
+    base_seed = space.base_config.train.seed
+    runs = {f"t{t.number}-s{s}": (t, _seed_config(info, space, t, base_seed + 1 + s))
+            for t in candidates for s in range(seeds)}
+    the_plan = plan(ray.cluster_resources(), space.spec.resources, 0, len(runs))
+    trainable = partial(_seed_run, runs={k: (t.number, to_dict(c)) for k, (t, c) in runs.items()},
+                        tags={tracking.PARENT_TAG: parent, KIND_TAG: "seed", SWEEP_TAG: info.name},
+                        metric=space.metric)
+    grid = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": the_plan.trial_cpus}),
+        param_space={"run": tune.grid_search(list(runs))},
+        tune_config=tune.TuneConfig(max_concurrent_trials=the_plan.concurrency),
+        run_config=tune.RunConfig(name="final-seeds", storage_path=str(info.path), verbose=0),
+    ).fit()
+    scores: dict[int, list[float]] = {t.number: [] for t in candidates}
+    for result in grid:
+        if result.error is not None:
+            raise RuntimeError(f"re-evaluation run {result.config['run']} failed: {result.error}")
+        scores[runs[result.config["run"]][0].number].append(float(result.metrics[space.metric]))
+    return scores
+
+
+def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, overrides: list[str],
+                  parent: str, model_name: str) -> FinalOutcome:
+    from urm_ray.train.driver import fit
+    from urm_ray.train.offline import load_checkpoint
+
+    data = with_values(space.base, {**dict(winner.params), **info.trial_overrides,
+                                    **space.spec.final.overrides})
+    data = apply_overrides(data, [*overrides, f"train.run_name={info.name}-final-t{winner.number:03d}",
+                                  f"train.storage_path={info.path / 'final'}",
+                                  f"tracking.tracking_uri={info.tracking_uri}",
+                                  f"tracking.experiment={info.experiment}"])
+    cfg = build_config(data)
+    tags = {tracking.PARENT_TAG: parent, KIND_TAG: "final", SWEEP_TAG: info.name,
+            TRIAL_TAG: str(winner.number)}
+    result = fit(cfg, tags=tags, params={f"sampled.{k}": v for k, v in winner.params.items()})
+    version = None
+    if result.checkpoint_path and result.mlflow_run_id:
+        run_cfg, model = load_checkpoint(result.checkpoint_path)  # EMA weights when the run kept one
+        version = _register(info, run_cfg, model, result.mlflow_run_id, result.metrics, model_name)
+    return FinalOutcome(winner.number, {}, result.metrics, result.mlflow_run_id, model_name, version)
+
+
+def _register(info: SweepInfo, cfg: RunConfig, model: Any, run_id: str, metrics: dict[str, Any],
+              model_name: str) -> str:
+    tags = {k: str(v) for k, v in metrics.items() if k.startswith("eval/")}
+    tags.update({"sweep": info.name, "sweep_parent_run_id": info.parent_run_id})
+    with tempfile.TemporaryDirectory() as folder:
+        config_file = Path(folder) / "config.yaml"
+        config_file.write_text(dump_yaml(cfg))
+        return tracking.register_torch_model(info.tracking_uri, run_id, model, model_name,
+                                             [str(config_file)], tags)
+
+
+def _log_scores(info: SweepInfo, space: SearchSpace, parent: str, scores: dict[int, list[float]],
+                winner: int) -> None:
+    metrics = {}
+    for number, values in scores.items():
+        metrics[f"t{number:03d}/mean"] = statistics.fmean(values)
+        metrics[f"t{number:03d}/std"] = statistics.pstdev(values)
+    tracking.log_metrics(info.tracking_uri, parent, metrics)
+    tracking.set_tags(info.tracking_uri, parent, {"urm_ray.winner": str(winner),
+                                                  "urm_ray.metric": space.metric})
+

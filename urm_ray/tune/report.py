@@ -1,0 +1,128 @@
+"""What a finished sweep leaves behind: leaderboard, best config and Optuna's plots.
+
+Written into the sweep folder and uploaded to the sweep's parent MLflow run:
+``leaderboard.csv`` (every trial: fate, objective values, last step, sampled values, MLflow run
+id), ``best_config.yaml`` (a training config ``urm-ray train`` accepts) and ``plots/*.png``
+(optimization history, parameter importances, parallel coordinates, slices).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import matplotlib
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from urm_ray import tracking
+from urm_ray.config import RunConfig, dump_yaml
+from urm_ray.tune.expr import Expr
+from urm_ray.tune.params import Param
+from urm_ray.tune.search import FATE_ATTR
+from urm_ray.tune.space import SearchSpace
+from urm_ray.tune.trial import TRIAL_TAG
+
+if TYPE_CHECKING:
+    from urm_ray.tune.sweep import SweepInfo
+
+matplotlib.use("Agg")  # files only, never a window
+logger = logging.getLogger(__name__)
+
+BEST_FILE = "best_config.yaml"
+LEADERBOARD_FILE = "leaderboard.csv"
+PLOTS = ("optimization_history", "param_importances", "parallel_coordinate", "slice")
+
+
+def describe_param(param: Param) -> str:
+    if param.kind == "categorical":
+        return f"categorical {list(param.choices)}"
+    bounds = [b.text if isinstance(b, Expr) else b for b in (param.low, param.high)]
+    return f"{param.kind} [{bounds[0]}, {bounds[1]}]"
+
+
+def ranked(study: optuna.Study, space: SearchSpace) -> list[FrozenTrial]:
+    """Completed trials, best first by the primary objective."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    sign = -1.0 if space.mode == "max" else 1.0
+    return sorted(done, key=lambda t: (sign * t.values[0], t.number))
+
+
+def best_config(space: SearchSpace, trial: FrozenTrial, overrides: dict[str, Any]) -> RunConfig:
+    """The winning trial as a standalone training config (the sweep's resources, base names)."""
+    return space.trial_config(dict(trial.params), overrides)
+
+
+def leaderboard(study: optuna.Study, space: SearchSpace, run_ids: dict[int, str]) -> list[dict[str, Any]]:
+    order = {t.number: i for i, t in enumerate(ranked(study, space))}
+    rows = []
+    for trial in sorted(study.trials, key=lambda t: (order.get(t.number, len(order)), t.number)):
+        row: dict[str, Any] = {
+            "rank": order[trial.number] + 1 if trial.number in order else "",
+            "trial": trial.number,
+            "fate": trial.user_attrs.get(FATE_ATTR, trial.state.name.lower()),
+            "last_step": trial.user_attrs.get("last_step", ""),
+        }
+        for i, objective in enumerate(space.spec.objectives):
+            row[objective.metric] = trial.values[i] if trial.values else ""
+        row.update({p.key: trial.params.get(p.key, "") for p in space.params})
+        duration = trial.duration.total_seconds() if trial.duration else ""
+        row.update({"duration_s": duration, "mlflow_run_id": run_ids.get(trial.number, "")})
+        rows.append(row)
+    return rows
+
+
+def write_report(study: optuna.Study, space: SearchSpace, info: SweepInfo) -> FrozenTrial | None:
+    """Write and upload the report; returns the best completed trial (None if there is none)."""
+    runs = tracking.child_runs(info.tracking_uri, info.experiment, info.parent_run_id)
+    run_ids = {int(r.tags[TRIAL_TAG]): r.run_id for r in runs if TRIAL_TAG in r.tags}
+    rows = leaderboard(study, space, run_ids)
+    _write_csv(rows, info.path / LEADERBOARD_FILE)
+    files = [info.path / LEADERBOARD_FILE]
+    best = next(iter(ranked(study, space)), None)
+    if best is not None:
+        (info.path / BEST_FILE).write_text(dump_yaml(best_config(space, best, info.trial_overrides)))
+        files.append(info.path / BEST_FILE)
+        best_values = {f"best/{o.metric}": v for o, v in zip(space.spec.objectives, best.values)}
+        tracking.log_metrics(info.tracking_uri, info.parent_run_id, best_values)
+        tracking.set_tags(info.tracking_uri, info.parent_run_id, {"urm_ray.best_trial": str(best.number)})
+    for path in files:
+        tracking.log_artifact(info.tracking_uri, info.parent_run_id, path)
+    plots = write_plots(study, space, info.path / "plots")
+    if plots:
+        tracking.log_artifact(info.tracking_uri, info.parent_run_id, info.path / "plots", "plots")
+    return best
+
+
+def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    fields = list(rows[0]) if rows else ["trial"]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_plots(study: optuna.Study, space: SearchSpace, folder: Path) -> list[Path]:
+    """Optuna's matplotlib plots as PNGs; a plot the study cannot support yet is skipped."""
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as views
+
+    folder.mkdir(exist_ok=True)
+    kwargs = {"target": lambda t: t.values[0], "target_name": space.metric}
+    written = []
+    for name in PLOTS:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Optuna marks its matplotlib views experimental
+                axes = getattr(views, f"plot_{name}")(study, **kwargs)
+        except (ValueError, RuntimeError, ImportError, ZeroDivisionError) as err:
+            logger.warning("plot %s skipped: %s", name, err)
+            continue
+        figure = axes.flat[0].figure if hasattr(axes, "flat") else axes.figure
+        figure.savefig(folder / f"{name}.png", dpi=110, bbox_inches="tight")
+        plt.close(figure)
+        written.append(folder / f"{name}.png")
+    return written

@@ -1,0 +1,89 @@
+"""Resource plan of a sweep: CPU/GPU shares of trials, workers and Ray Data, and concurrency.
+
+Each trial is a Tune function actor (it only waits on its Ray Train controller, so it gets a
+small CPU share) plus ``workers`` Ray Train workers. Ray Data's map tasks ask for one whole CPU
+each (Ray's default) and run between worker steps, so one CPU (``DATA_CPUS``) is kept out of the
+trials' reach; without it the workers hold every CPU, the data tasks wait, and the sweep hangs.
+So, with C CPUs and G GPUs:
+
+    concurrency * (TRIAL_CPUS + workers * cpus_per_worker) <= C - DATA_CPUS
+    concurrency * workers * gpus_per_worker                <= G
+
+A space whose single trial does not fit fails here, saying what is missing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from urm_ray.errors import ConfigError
+from urm_ray.tune.space import Resources
+
+TRIAL_CPUS = 0.1  # the Tune trial actor: builds the trainer, then waits on it
+DATA_CPUS = 1.0  # one Ray Data map task (num_cpus=1 by default), shared by all trials
+_EPS = 1e-9  # float slack: 2 * 0.45 + 0.1 must count as <= 1.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    workers: int
+    cpus_per_worker: float
+    gpus_per_worker: float
+    trial_cpus: float
+    concurrency: int
+    torch_threads: int  # intra-op threads per worker: the CPUs a worker really gets
+
+    @property
+    def trial_total_cpus(self) -> float:
+        return self.trial_cpus + self.workers * self.cpus_per_worker
+
+    def train_overrides(self) -> dict[str, object]:
+        """Dotted config keys every trial gets from the plan."""
+        return {
+            "train.num_workers": self.workers,
+            "train.cpus_per_worker": self.cpus_per_worker,
+            "train.gpus_per_worker": self.gpus_per_worker or 1.0,
+            "train.device": "cuda" if self.gpus_per_worker else "cpu",
+            "train.torch_threads": self.torch_threads,
+        }
+
+    def describe(self, cluster: dict[str, float]) -> str:
+        gpu = f", {self.workers * self.gpus_per_worker:g} GPU" if self.gpus_per_worker else ""
+        return (f"{self.concurrency} concurrent trial(s), each {self.trial_cpus:g} CPU (trial) + "
+                f"{self.workers} worker(s) x {self.cpus_per_worker:g} CPU{gpu}; {DATA_CPUS:g} CPU "
+                f"left for Ray Data; cluster: {cluster.get('CPU', 0):g} CPU, {cluster.get('GPU', 0):g} GPU")
+
+
+def plan(cluster: dict[str, float], res: Resources, requested: int, trials: int) -> Plan:
+    """The plan for ``requested`` concurrent trials (0 = as many as fit, at most ``trials``)."""
+    cpus, gpus = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
+    per_trial_cpu = TRIAL_CPUS + res.workers * res.cpus_per_worker
+    per_trial_gpu = res.workers * res.gpus_per_worker
+    fit_cpu = math.floor((cpus - DATA_CPUS + _EPS) / per_trial_cpu) if cpus > DATA_CPUS else 0
+    fit_gpu = math.floor((gpus + _EPS) / per_trial_gpu) if per_trial_gpu else fit_cpu
+    fits = min(fit_cpu, fit_gpu)
+    if fits < 1:
+        raise ConfigError(_missing(cluster, res, per_trial_cpu, per_trial_gpu))
+    if requested > fits:
+        raise ConfigError(
+            f"concurrency={requested} needs {requested * per_trial_cpu + DATA_CPUS:g} CPUs"
+            + (f" and {requested * per_trial_gpu:g} GPUs" if per_trial_gpu else "")
+            + f"; the cluster has {cpus:g} CPUs, {gpus:g} GPUs: at most {fits} trial(s) fit"
+        )
+    concurrency = min(requested or fits, trials)
+    threads = max(1, math.floor((cpus - DATA_CPUS) / (concurrency * res.workers) + _EPS))
+    if not res.gpus_per_worker:
+        threads = min(threads, max(1, math.ceil(res.cpus_per_worker)))
+    return Plan(res.workers, res.cpus_per_worker, res.gpus_per_worker, TRIAL_CPUS, concurrency, threads)
+
+
+def _missing(cluster: dict[str, float], res: Resources, cpu: float, gpu: float) -> str:
+    cpus, gpus = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
+    if gpu > gpus:
+        return (f"one trial needs {gpu:g} GPUs (resources.workers={res.workers} x "
+                f"resources.gpus_per_worker={res.gpus_per_worker:g}); the cluster has {gpus:g}")
+    return (f"one trial needs {cpu + DATA_CPUS:g} CPUs ({TRIAL_CPUS:g} for the trial + "
+            f"resources.workers={res.workers} x resources.cpus_per_worker={res.cpus_per_worker:g}"
+            f" + {DATA_CPUS:g} kept for Ray Data); the cluster has {cpus:g}: "
+            f"{cpu + DATA_CPUS - cpus:g} CPU missing")

@@ -1,0 +1,342 @@
+"""Search spaces: a YAML file naming a base training config, what to search and how.
+
+    space = load_space("search_spaces/quickstart.yaml", ["trials=8", "train.steps=300"])
+    values = space.suggest(optuna_trial)              # define-by-run, dependent bounds
+    cfg = space.trial_config(values)                  # a validated RunConfig
+
+A space is checked completely before any trial starts: unknown parameter paths, empty ranges,
+dependent bounds that can become impossible and values the training config rejects all raise
+``ConfigError`` naming the parameter. Overrides whose first part is a config section
+(``model``, ``data``, ``optim``, ``train``, ``tracking``) change the base config; the others
+change the space (``trials=8``, ``scheduler.grace_steps=50``).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import optuna
+import yaml
+
+from urm_ray.config import SECTIONS, RunConfig, apply_overrides, build_config, flatten, read_yaml
+from urm_ray.errors import ConfigError
+from urm_ray.tune.expr import Expr
+from urm_ray.tune.params import Param, Value
+from urm_ray.typed import from_dict, to_dict
+
+CONFIG_SECTIONS = ("model", *SECTIONS)
+# Set by the sweep itself (names, paths, resources) or fixed for fair comparison (length).
+NOT_SEARCHABLE = ("train.steps", "train.run_name", "train.storage_path", "train.num_workers",
+                  "train.cpus_per_worker", "train.gpus_per_worker", "train.device", "data.path")
+MAX_CORNERS = 4096  # combinations tried by validation; beyond this a seeded sample of them
+REPO_SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
+
+
+@dataclass
+class Objective:
+    metric: str = "eval/exact_accuracy"  # a reported metric (eval/*, train/*) or a derived one
+    mode: Literal["max", "min"] = "max"
+
+
+@dataclass
+class Resources:
+    """Per trial: Ray Train workers and their shares (GPU training when gpus_per_worker > 0)."""
+
+    workers: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+
+
+@dataclass
+class Scheduler:
+    """Early stopping, in training steps; rungs should fall on evaluation steps."""
+
+    name: Literal["asha", "median", "none"] = "asha"
+    grace_steps: int = 0  # 0 = train.eval_every
+    reduction_factor: float = 3.0  # ASHA only
+
+
+@dataclass
+class Search:
+    sampler: Literal["tpe", "random"] = "tpe"
+    seed: int = 0
+    startup_trials: int = 8  # TPE: random trials before the model takes over
+    # how a trial stopped early reaches Optuna: "pruned" (right), or "complete" with its early
+    # value, as Ray's OptunaSearch does (kept to measure the difference: bench/sweep_efficiency.py)
+    pruned_as: Literal["pruned", "complete"] = "pruned"
+
+
+@dataclass
+class Final:
+    """Defaults of ``urm-ray final``: top configs re-run over seeds, then the long run."""
+
+    top: int = 3
+    seeds: int = 3
+    overrides: dict = field(default_factory=dict)  # dotted keys for the final training run
+
+
+@dataclass
+class SpaceSpec:
+    """The YAML schema of a search space."""
+
+    base: str  # preset name or YAML path (relative to the space file)
+    params: dict  # dotted config key -> ParamSpec mapping, searched in this order
+    description: str = ""
+    overrides: dict = field(default_factory=dict)  # fixed dotted-key changes to the base
+    objectives: list[Objective] = field(default_factory=lambda: [Objective()])  # first drives pruning
+    derived: dict = field(default_factory=dict)  # metric name -> expression over metrics and params
+    start_from: list = field(default_factory=list)  # parameter dicts tried first (e.g. the paper's)
+    trials: int = 16
+    concurrency: int = 0  # 0 = as many as the resources allow
+    resources: Resources = field(default_factory=Resources)
+    scheduler: Scheduler = field(default_factory=Scheduler)
+    search: Search = field(default_factory=Search)
+    final: Final = field(default_factory=Final)
+
+
+@dataclass
+class SearchSpace:
+    """A validated space: the spec, the base config (dict and typed) and the compiled params."""
+
+    name: str
+    spec: SpaceSpec
+    base: dict[str, Any]  # base config after the fixed overrides, as a nested dict
+    params: list[Param]
+    derived: dict[str, Expr]
+    base_config: RunConfig = field(init=False)
+    fixed: dict[str, float] = field(init=False)  # numeric config values bounds may read
+
+    def __post_init__(self) -> None:
+        self.base_config = build_config(self.base)
+        self.fixed = _numeric(flatten(self.base_config))
+
+    @property
+    def metric(self) -> str:
+        return self.spec.objectives[0].metric
+
+    @property
+    def mode(self) -> str:
+        return self.spec.objectives[0].mode
+
+    @property
+    def steps(self) -> int:
+        return self.base_config.train.steps
+
+    def env(self, values: dict[str, Value]) -> dict[str, float]:
+        """What bounds and derived metrics may read: fixed config values, then sampled ones."""
+        return {**self.fixed, **_numeric(values)}
+
+    def suggest(self, trial: optuna.Trial) -> dict[str, Value]:
+        values: dict[str, Value] = {}
+        for param in self.params:
+            values[param.key] = param.suggest(trial, self.env(values))
+        return values
+
+    def trial_config(self, values: dict[str, Value], extra: dict[str, Any] | None = None) -> RunConfig:
+        """The base config with sampled ``values`` and sweep-set ``extra`` keys (dotted)."""
+        return build_config(with_values(self.base, {**values, **(extra or {})}))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(to_dict(self.spec), sort_keys=False)
+
+
+def find_space(source: str) -> Path:
+    """A YAML path, or a space name looked up in ./search_spaces and the repo's search_spaces."""
+    for path in (Path(source), Path("search_spaces") / f"{source}.yaml", REPO_SPACES / f"{source}.yaml"):
+        if path.is_file():
+            return path
+    names = sorted(p.stem for p in REPO_SPACES.glob("*.yaml")) if REPO_SPACES.is_dir() else []
+    raise ConfigError(f"search space {source!r} not found; shipped spaces: {', '.join(names)}")
+
+
+def load_space(source: str, overrides: list[str] | None = None) -> SearchSpace:
+    path = find_space(source)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping, got {type(data).__name__}")
+    return space_from_dict(data, path, overrides or [])
+
+
+def space_from_dict(data: dict[str, Any], path: Path, overrides: list[str]) -> SearchSpace:
+    config_over = [o for o in overrides if o.partition("=")[0].split(".")[0] in CONFIG_SECTIONS]
+    space_over = [o for o in overrides if o not in config_over]
+    spec = from_dict(SpaceSpec, with_values(data, _parse_overrides(space_over)), path.stem)
+    base_path = path.parent / spec.base
+    base_dict = read_yaml(str(base_path) if base_path.is_file() else spec.base)
+    base_dict = with_values(base_dict, spec.overrides)
+    base_dict = apply_overrides(base_dict, config_over)
+    try:
+        build_config(base_dict)
+    except ConfigError as err:
+        raise ConfigError(f"search space {path.name}: base config {spec.base!r}: {err}") from err
+    try:
+        params = [Param.parse(str(key), value) for key, value in spec.params.items()]
+        derived = {str(k): Expr(str(v)) for k, v in spec.derived.items()}
+        space = SearchSpace(path.stem, spec, base_dict, params, derived)
+        validate(space)
+    except ConfigError as err:
+        raise ConfigError(f"search space {path.name}: {err}") from err
+    return space
+
+
+def validate(space: SearchSpace) -> None:
+    """Everything a trial could hit, checked now; each error names its parameter."""
+    spec, known = space.spec, flatten(space.base_config)
+    if not space.params:
+        raise ConfigError("params: nothing to search")
+    _check_numbers(spec)
+    seen: set[str] = set()
+    for param in space.params:
+        if param.key not in known:
+            raise ConfigError(f"parameter {param.key}: unknown config key "
+                              f"(valid: {_close(param.key, known)})")
+        if param.key in NOT_SEARCHABLE or param.key.startswith("tracking."):
+            raise ConfigError(f"parameter {param.key}: set by the sweep, cannot be searched")
+        for name in sorted(param.depends_on):
+            if name in spec.params and name not in seen:
+                raise ConfigError(f"parameter {param.key}: bound reads {name}, which is declared "
+                                  "later (params are sampled in order)")
+            if name not in seen and name not in space.fixed:
+                raise ConfigError(f"parameter {param.key}: bound reads unknown {name!r}")
+        seen.add(param.key)
+    if not space.base_config.tracking.enabled:
+        raise ConfigError("tracking.enabled=false: a sweep records every trial (and its fate, for "
+                          "resume) in MLflow")
+    _check_objectives(space)
+    _check_scheduler(space)
+    _check_corners(space)
+    for point in spec.start_from:
+        _check_point(space, point)
+
+
+def _check_numbers(spec: SpaceSpec) -> None:
+    checks = [("trials", spec.trials >= 1), ("concurrency", spec.concurrency >= 0),
+              ("resources.workers", spec.resources.workers >= 1),
+              ("resources.cpus_per_worker", spec.resources.cpus_per_worker > 0),
+              ("resources.gpus_per_worker", spec.resources.gpus_per_worker >= 0),
+              ("search.startup_trials", spec.search.startup_trials >= 0),
+              ("final.top", spec.final.top >= 1), ("final.seeds", spec.final.seeds >= 1)]
+    for key, ok in checks:
+        if not ok:
+            raise ConfigError(f"{key}={_get(spec, key)} is out of range")
+
+
+def _check_objectives(space: SearchSpace) -> None:
+    if not space.spec.objectives:
+        raise ConfigError("objectives: at least one metric is needed")
+    for objective in space.spec.objectives:
+        name = objective.metric
+        if not (name.startswith(("eval/", "train/")) or name in space.derived):
+            raise ConfigError(f"objectives: metric {name!r} is neither reported (eval/*, train/*) "
+                              "nor derived")
+    params = {p.key for p in space.params} | set(space.fixed)
+    for name, expr in space.derived.items():
+        unknown = sorted(n for n in expr.names if n not in params and not n.startswith(("eval/", "train/")))
+        if unknown:
+            raise ConfigError(f"derived {name}: unknown name {unknown[0]!r}")
+
+
+def _check_scheduler(space: SearchSpace) -> None:
+    sched, train = space.spec.scheduler, space.base_config.train
+    if sched.name == "none":
+        return
+    if space.metric.startswith("eval/") and train.eval_every == 0:
+        raise ConfigError(f"scheduler.name={sched.name} prunes on {space.metric}, which is only "
+                          "reported at the end with train.eval_every=0; set train.eval_every")
+    grace = sched.grace_steps or train.eval_every or train.log_every
+    if not 0 < grace < train.steps:
+        raise ConfigError(f"scheduler.grace_steps={grace} must be in (0, train.steps={train.steps})")
+    if train.eval_every and grace % train.eval_every:
+        raise ConfigError(f"scheduler.grace_steps={grace} must be a multiple of train.eval_every="
+                          f"{train.eval_every}, so pruning compares fresh evaluations")
+    if sched.name == "asha" and sched.reduction_factor <= 1:
+        raise ConfigError(f"scheduler.reduction_factor={sched.reduction_factor} must be > 1")
+
+
+def _check_corners(space: SearchSpace) -> None:
+    """Build the config at every combination of range ends (dependent bounds evaluated)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "has no effect" warnings are not errors here
+        for values in itertools.islice(_corners(space, 0, {}), MAX_CORNERS):
+            try:
+                space.trial_config(values)
+            except ConfigError as err:
+                raise ConfigError(f"impossible combination {values}: {err}") from err
+
+
+def _corners(space: SearchSpace, index: int, values: dict[str, Value]) -> Iterator[dict[str, Value]]:
+    if index == len(space.params):
+        yield dict(values)
+        return
+    param = space.params[index]
+    for value in param.corners(space.env(values)):
+        values[param.key] = value
+        yield from _corners(space, index + 1, values)
+    values.pop(param.key, None)
+
+
+def _check_point(space: SearchSpace, point: Any) -> None:
+    keys = [p.key for p in space.params]
+    if not isinstance(point, dict) or set(point) != set(keys):
+        raise ConfigError(f"start_from: {point!r} must set exactly the searched keys {keys}")
+    for param in space.params:
+        value = point[param.key]
+        if param.kind == "categorical":
+            ok = value in param.choices
+        else:
+            low, high = param.bounds(space.env(point))
+            ok = isinstance(value, (int, float)) and low <= value <= high
+        if not ok:
+            raise ConfigError(f"start_from: {param.key}={value!r} is outside the searched range")
+    space.trial_config(point)
+
+
+def _numeric(values: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    out = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. trials=8")
+        out[key] = yaml.safe_load(raw) if raw else ""
+    return out
+
+
+def with_values(data: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a nested dict with dotted ``values`` set, keeping key order (params are ordered)."""
+    out = copy.deepcopy(data)
+    for key, value in values.items():
+        if isinstance(value, dict):
+            raise ConfigError(f"{key}: give dotted keys (train.steps: 600), not a nested section")
+        node = out
+        *parents, leaf = str(key).split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: {part!r} is a value, not a section")
+        node[leaf] = value
+    return out
+
+
+def _close(key: str, known: dict[str, Any]) -> str:
+    section = key.split(".")[0]
+    same = sorted(k for k in known if k.split(".")[0] == section)
+    return ", ".join(same) if same else ", ".join(CONFIG_SECTIONS)
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj

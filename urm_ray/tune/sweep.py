@@ -1,0 +1,248 @@
+"""Run a sweep: Ray Tune over the Train driver, OptunaSearch (TPE) + ASHA, MLflow parent run.
+
+    info, space = create_sweep("search_spaces/quickstart.yaml", ["trials=8"])
+    outcome = run_sweep(info, space)
+    info, space = load_sweep(outcome.name); run_sweep(info, space, resume=True)   # after Ctrl-C
+
+A sweep lives in ``<root>/<name>/``: ``sweep.json`` (where its study and runs are),
+``space.yaml`` + ``base_config.yaml`` (the space as resolved at creation, so a resume samples
+exactly the same space), ``optuna.db`` (the study, unless ``storage`` names another database),
+``tune/`` (Tune's experiment state), ``trials/`` (each trial's Ray Train run and checkpoints)
+and, when it ends, ``best_config.yaml``, ``leaderboard.csv`` and ``plots/``.
+
+Resume: Tune's saved state brings back its trials and the searcher; unfinished trials restart
+their Train run from its last checkpoint; Optuna trials the state does not know (asked after
+its last save) are taken over by the next suggestions (see ``search.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import optuna
+import ray
+import yaml
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
+
+from urm_ray import tracking
+from urm_ray.data import builtin, stream
+from urm_ray.errors import ConfigError
+from urm_ray.tune import report
+from urm_ray.tune.fate import FateRecorder
+from urm_ray.tune.resources import Plan, plan
+from urm_ray.tune.search import TRIAL_KEY, SweepSearch, make_sampler
+from urm_ray.tune.space import SearchSpace, find_space, load_space
+from urm_ray.tune.table import TrialTable
+from urm_ray.tune.trial import KIND_TAG, SWEEP_TAG, TrialContext, run_trial
+from urm_ray.typed import to_dict
+
+DEFAULT_ROOT = "sweeps"
+INFO_FILE = "sweep.json"
+
+
+@dataclass
+class SweepInfo:
+    """Where a sweep's pieces live; written at creation, read by resume, best and final."""
+
+    name: str
+    folder: str  # absolute
+    storage: str  # Optuna storage URL (study name = sweep name)
+    tracking_uri: str
+    experiment: str  # one MLflow experiment per sweep
+    source: str = ""  # the space file it was created from
+    parent_run_id: str = ""
+    # dotted keys every trial (and the best config) gets: planned resources, resolved data path
+    trial_overrides: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.folder)
+
+    def save(self) -> None:
+        (self.path / INFO_FILE).write_text(json.dumps(asdict(self), indent=2))
+
+    def study(self) -> optuna.Study:
+        return optuna.load_study(study_name=self.name, storage=storage(self.storage))
+
+
+@dataclass
+class SweepOutcome:
+    name: str
+    finished: int  # trials completed, pruned or failed
+    requested: int
+    best_value: Any
+    best_config_path: str | None
+
+    @property
+    def interrupted(self) -> bool:
+        return self.finished < self.requested
+
+
+def storage(url: str) -> optuna.storages.RDBStorage:
+    return optuna.storages.RDBStorage(url)
+
+
+def create_sweep(source: str, overrides: list[str], name: str = "", root: str = DEFAULT_ROOT,
+                 storage_url: str = "") -> tuple[SweepInfo, SearchSpace]:
+    """Validate the space, then lay out a new sweep folder (nothing runs yet)."""
+    space = load_space(source, overrides)
+    name = name or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder = Path(root).resolve() / name
+    if (folder / INFO_FILE).exists():
+        raise ConfigError(f"sweep {name!r} already exists in {folder.parent}; resume it with "
+                          f"`urm-ray sweep --resume {name}` or choose another --name")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "base_config.yaml").write_text(yaml.safe_dump(space.base, sort_keys=False))
+    spec = {**to_dict(space.spec), "base": "base_config.yaml", "overrides": {}}
+    (folder / "space.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    uri = tracking.resolve_tracking_uri(space.base_config.tracking.tracking_uri)
+    info = SweepInfo(name, str(folder), storage_url or f"sqlite:///{folder / 'optuna.db'}", uri,
+                     f"sweep-{name}", source=str(find_space(source).resolve()))
+    info.save()
+    return info, load_space(str(folder / "space.yaml"))
+
+
+def load_sweep(name: str, root: str = DEFAULT_ROOT) -> tuple[SweepInfo, SearchSpace]:
+    folder = Path(root).resolve() / name
+    if not (folder / INFO_FILE).is_file():
+        known = sorted(p.parent.name for p in folder.parent.glob(f"*/{INFO_FILE}"))
+        raise ConfigError(f"no sweep {name!r} in {folder.parent}; "
+                          f"sweeps there: {', '.join(known) or 'none'}")
+    info = SweepInfo(**json.loads((folder / INFO_FILE).read_text()))
+    return info, load_space(str(folder / "space.yaml"))
+
+
+def run_sweep(info: SweepInfo, space: SearchSpace, resume: bool = False,
+              callbacks: list[tune.Callback] | None = None) -> SweepOutcome:
+    """Run (or continue) the sweep to its number of trials, then write its report.
+
+    ``callbacks``: extra Tune callbacks for a new sweep (a resumed one keeps its saved ones).
+    """
+    data_path = prepare_data(space)
+    if not ray.is_initialized():
+        init_ray(log_to_driver=not sys.stdout.isatty())  # on a terminal the table owns the screen
+    cluster = ray.cluster_resources()
+    the_plan = plan(cluster, space.spec.resources, space.spec.concurrency, space.spec.trials)
+    print(f"sweep {info.name}: {the_plan.describe(cluster)}", flush=True)
+    info.trial_overrides = {**the_plan.train_overrides(), "data.path": data_path}
+    info.parent_run_id = _open_parent(info, space, the_plan)
+    info.save()
+    ctx = TrialContext(info.name, space, _trial_extra(info), info.tracking_uri, info.experiment,
+                       info.parent_run_id)
+    _tuner(info, space, the_plan, ctx, resume, callbacks or []).fit()
+    return finish(info, space)
+
+
+def init_ray(num_cpus: int | None = None, **kwargs: Any) -> None:
+    """Join the cluster named by $RAY_ADDRESS, or start a private local Ray instance.
+
+    The local instance's dashboard gets a fixed port, and every Ray process inherits
+    RAY_API_SERVER_ADDRESS pointing at it. Train V2's placement-group cleaner (which frees the
+    workers of a trial Tune stopped) queries the State API without an address; with several Ray
+    instances on one machine it cannot tell which is its own, gives up, and the stopped trial's
+    CPUs stay reserved until the sweep deadlocks.
+    """
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(**kwargs)
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    ray.init(address="local", num_cpus=num_cpus, dashboard_port=port, **kwargs)
+
+
+def finish(info: SweepInfo, space: SearchSpace) -> SweepOutcome:
+    """Leaderboard, best config and plots into the sweep folder and the parent run."""
+    study = info.study()
+    finished = sum(t.state.is_finished() for t in study.trials)
+    best = report.write_report(study, space, info)
+    status = "FINISHED" if finished >= space.spec.trials else "KILLED"
+    tracking.close_run(info.tracking_uri, info.parent_run_id, status)
+    return SweepOutcome(info.name, finished, space.spec.trials, best.values[0] if best else None,
+                        str(info.path / report.BEST_FILE) if best else None)
+
+
+def _open_parent(info: SweepInfo, space: SearchSpace, the_plan: Plan) -> str:
+    params: dict[str, Any] = {
+        "space": info.source, "trials": space.spec.trials, "concurrency": the_plan.concurrency,
+        "objectives": ", ".join(f"{o.metric} ({o.mode})" for o in space.spec.objectives),
+        "scheduler": space.spec.scheduler.name, "sampler": space.spec.search.sampler,
+        "seed": space.spec.search.seed,
+    }
+    for param in space.params:
+        params[f"searched.{param.key}"] = report.describe_param(param)
+    tags = {KIND_TAG: "sweep", SWEEP_TAG: info.name}
+    return tracking.open_run(info.tracking_uri, info.experiment, info.name, params, tags)
+
+
+def prepare_data(space: SearchSpace) -> str:
+    """The dataset path every trial gets, checked once before any trial starts.
+
+    A built-in dataset is built here, once, rather than by concurrent trials; a local path is
+    made absolute, since Tune runs each trial in its own working directory.
+    """
+    path = space.base_config.data.path
+    resolved = builtin.resolve_path(path)
+    stream.load_meta(replace(space.base_config.data, path=resolved))  # missing data fails now
+    if path.startswith(builtin.PREFIX) or "://" in path:
+        return path
+    return str(Path(path).resolve())
+
+
+def _trial_extra(info: SweepInfo) -> dict[str, Any]:
+    return {**info.trial_overrides, "train.storage_path": str(info.path / "trials"),
+            "tracking.tracking_uri": info.tracking_uri, "tracking.experiment": info.experiment}
+
+
+def make_scheduler(space: SearchSpace) -> TrialScheduler:
+    """ASHA / median stopping / none, all in training steps (the ``step`` every report has)."""
+    spec, train = space.spec.scheduler, space.base_config.train
+    grace = spec.grace_steps or train.eval_every or train.log_every
+    if spec.name == "asha":
+        # stop_last_trials=False: a trial at max_t ends by itself, after its driver has uploaded
+        # the config and checkpoint and closed its MLflow run
+        return ASHAScheduler(time_attr="step", metric=space.metric, mode=space.mode,
+                             max_t=train.steps, grace_period=grace,
+                             reduction_factor=spec.reduction_factor, stop_last_trials=False)
+    if spec.name == "median":
+        return MedianStoppingRule(time_attr="step", metric=space.metric, mode=space.mode,
+                                  grace_period=grace, min_samples_required=3)
+    return FIFOScheduler()
+
+
+def trial_dirname(trial: Any) -> str:
+    return f"t{int(trial.config[TRIAL_KEY]):03d}"
+
+
+def _tuner(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContext,
+           resume: bool, callbacks: list[tune.Callback]) -> tune.Tuner:
+    trainable = tune.with_resources(partial(run_trial, ctx=ctx), {"cpu": the_plan.trial_cpus})
+    path = str(info.path / "tune")
+    if resume and tune.Tuner.can_restore(path):
+        return tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=False)
+    sampler = make_sampler(space)
+    searcher = SweepSearch(space, storage(info.storage), info.name, sampler,
+                           pruned_as=space.spec.search.pruned_as)
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=searcher, scheduler=make_scheduler(space), num_samples=space.spec.trials,
+            max_concurrent_trials=the_plan.concurrency, trial_dirname_creator=trial_dirname,
+            trial_name_creator=trial_dirname,
+        ),
+        run_config=tune.RunConfig(
+            name="tune", storage_path=str(info.path), verbose=0,
+            callbacks=[FateRecorder(ctx, space.spec.scheduler.name),
+                       TrialTable(space.metric, space.mode, space.steps), *callbacks],
+        ),
+    )

@@ -1,0 +1,118 @@
+"""The live table of trials printed while a sweep runs.
+
+    trial  state      step  eval/exact_accuracy  best    loops  truncation  lr
+    t000   completed  400   0.8120               0.8120  4      1           0.00131
+    t003   pruned     100   0.2030               0.2030  2      0           0.00042
+    t004   running    150   0.3310               0.3310  6      2           0.00210
+
+On a terminal the table is redrawn in place every few seconds; otherwise (a log file, CI) it is
+printed when a trial finishes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from ray.tune import Callback
+from ray.tune.experiment import Trial
+
+from urm_ray.tune.fate import trial_fate
+from urm_ray.tune.trial import split_config
+
+REFRESH_S = 5.0
+STATES = {Trial.PENDING: "pending", Trial.RUNNING: "running", Trial.PAUSED: "paused",
+          Trial.ERROR: "failed"}
+
+
+def render(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip()
+             for row in [header, *rows]]
+    return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+class TrialTable(Callback):
+    """Tune callback that draws the table; ``metric`` is the sweep's primary objective."""
+
+    def __init__(self, metric: str, mode: str, full_steps: int, out: TextIO | None = None) -> None:
+        self.metric, self.mode, self.full_steps = metric, mode, full_steps
+        self._out = out  # None = sys.stdout, looked up when drawing
+        self.best: dict[str, float] = {}
+        self.fates: dict[str, str] = {}  # trial id -> fate, once Tune has finished the trial
+        self._drawn_lines = 0
+        self._last_draw = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_out": None}  # Tune pickles its callbacks; streams do not pickle
+
+    def get_state(self) -> dict[str, Any]:  # saved with Tune's experiment state, for resume
+        return {"best": dict(self.best), "fates": dict(self.fates)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.best, self.fates = state["best"], state["fates"]
+
+    @property
+    def out(self) -> TextIO:
+        return self._out or sys.stdout
+
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict,
+                        **info: Any) -> None:
+        value = result.get(self.metric)
+        if isinstance(value, (int, float)):
+            old = self.best.get(trial.trial_id)
+            better = old is None or (value > old if self.mode == "max" else value < old)
+            self.best[trial.trial_id] = value if better else old
+
+    def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        if self._live() and time.monotonic() - self._last_draw >= REFRESH_S:
+            self.draw(trials)
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self.fates[trial.trial_id] = trial_fate(trial, self.full_steps)
+        self.draw(trials)
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self.fates[trial.trial_id] = "failed"
+        self.draw(trials)
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        self.draw(trials)
+
+    def draw(self, trials: list[Trial]) -> None:
+        text = self.table(trials)
+        if self._live() and self._drawn_lines:
+            self.out.write(f"\x1b[{self._drawn_lines}F\x1b[J")  # back to the old table, clear it
+        self.out.write(text + "\n")
+        self.out.flush()
+        self._drawn_lines = text.count("\n") + 1
+        self._last_draw = time.monotonic()
+
+    def table(self, trials: list[Trial]) -> str:
+        keys = sorted({k for t in trials for k in split_config(t.config)[1]})
+        header = ["trial", "state", "step", self.metric, "best", *(k.split(".")[-1] for k in keys)]
+        rows = []
+        for trial in sorted(trials, key=lambda t: split_config(t.config)[0]):
+            number, values = split_config(trial.config)
+            last = trial.last_result or {}
+            rows.append([f"t{number:03d}", self._state(trial), _short(last.get("step", "")),
+                         _short(last.get(self.metric, "")), _short(self.best.get(trial.trial_id, "")),
+                         *(_short(values.get(k, "")) for k in keys)])
+        return render(rows, header)
+
+    def _state(self, trial: Trial) -> str:
+        if trial.trial_id in self.fates:
+            return self.fates[trial.trial_id]
+        if trial.status == Trial.TERMINATED:  # stopped by an interruption; resumes later
+            return "interrupted"
+        return STATES.get(trial.status, trial.status.lower())
+
+    def _live(self) -> bool:
+        return self.out.isatty()

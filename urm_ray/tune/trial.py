@@ -1,0 +1,105 @@
+"""The Tune trainable of a sweep: one trial = one run of the Train driver.
+
+Tune calls ``run_trial(config, ctx)`` with the sampled values and the Optuna trial number. The
+trial's Ray Train run and MLflow run are both named ``<sweep>-t<number>``, so a trial that is
+started again after an interruption resumes its Train checkpoint and logs into the same nested
+MLflow run; a trial whose MLflow run already records its fate is not trained again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ray.tune
+from ray.tune.integration.ray_train import TuneReportCallback
+
+from urm_ray import tracking
+from urm_ray.tune.search import TRIAL_KEY
+from urm_ray.tune.space import SearchSpace
+
+FATE_TAG = "urm_ray.fate"  # completed, pruned, failed
+REASON_TAG = "urm_ray.fate_reason"
+STEP_TAG = "urm_ray.fate_step"  # the training step the trial stopped at
+SWEEP_TAG = "urm_ray.sweep"
+TRIAL_TAG = "urm_ray.trial"
+KIND_TAG = "urm_ray.kind"  # sweep, trial, final
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What every trial of a sweep shares (pickled into each trial actor)."""
+
+    sweep: str
+    space: SearchSpace
+    extra: dict[str, Any]  # dotted keys set by the sweep: resources, storage, tracking
+    tracking_uri: str
+    experiment: str
+    parent_run_id: str
+
+
+def trial_run_name(sweep: str, number: int) -> str:
+    return f"{sweep}-t{number:03d}"
+
+
+def split_config(config: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """(Optuna trial number, sampled values) from a Tune trial config."""
+    return int(config[TRIAL_KEY]), {k: v for k, v in config.items() if k != TRIAL_KEY}
+
+
+def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
+    from urm_ray.train.driver import fit  # the driver imports torch; keep this module light
+
+    number, values = split_config(config)
+    name = trial_run_name(ctx.sweep, number)
+    if _replay_finished(ctx, name, values):
+        return
+    cfg = ctx.space.trial_config(values, {**ctx.extra, "train.run_name": name})
+    tags = {tracking.PARENT_TAG: ctx.parent_run_id, SWEEP_TAG: ctx.sweep, TRIAL_TAG: str(number),
+            KIND_TAG: "trial"}
+    params = {f"sampled.{key}": value for key, value in values.items()}
+    result = fit(cfg, tags=tags, callbacks=[DerivedReport(ctx.space, values)], params=params)
+    if result.metrics.get("step") == cfg.train.steps:
+        # A run resumed after its last step reports nothing itself: hand Tune its final result.
+        ray.tune.report(DerivedReport.with_derived(ctx.space, values, result.metrics))
+
+
+def _replay_finished(ctx: TrialContext, name: str, values: dict[str, Any]) -> bool:
+    """A trial finished before an interruption: report its recorded result instead of training."""
+    run_id = tracking.find_run_id(ctx.tracking_uri, ctx.experiment, name)
+    if run_id is None:
+        return False
+    run = tracking.run_summary(ctx.tracking_uri, run_id)
+    fate = run.tags.get(FATE_TAG)
+    if fate is None:
+        return False
+    if fate == "failed":
+        raise RuntimeError(f"trial {name} failed before the interruption: {run.tags.get(REASON_TAG, '')}")
+    metrics = {**run.metrics, "step": int(run.tags.get(STEP_TAG, 0))}
+    ray.tune.report(DerivedReport.with_derived(ctx.space, values, metrics))
+    return True
+
+
+class DerivedReport(TuneReportCallback):
+    """Tune's report callback plus the space's derived metrics (e.g. compute per row).
+
+    Reports without every objective (those before the first evaluation) stay out of Tune: its
+    scheduler and searcher decide on the objectives alone, and Tune rejects a result that lacks
+    them. MLflow still gets every report from rank 0.
+    """
+
+    def __init__(self, space: SearchSpace, values: dict[str, Any]) -> None:
+        super().__init__()
+        self.space, self.values = space, values
+        self.required = [o.metric for o in space.spec.objectives]
+
+    @staticmethod
+    def with_derived(space: SearchSpace, values: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+        env = {**space.env(values), **metrics}
+        extra = {name: expr.evaluate(env) for name, expr in space.derived.items() if expr.names <= set(env)}
+        return {**metrics, **extra}
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        metrics = [self.with_derived(self.space, self.values, metrics[0]), *metrics[1:]]
+        if all(key in metrics[0] for key in self.required):
+            super().after_report(run_context, metrics, checkpoint)

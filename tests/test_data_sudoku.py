@@ -236,3 +236,25 @@ def test_cli_records_num_augmentations(tmp_path):
     assert main(["data", "sudoku", "--out", str(out), "--size", "4", "--num-train", "20",
                  "--num-test", "5", "--num-augmentations", "16"]) == 0
     assert store.read_metadata(out).build["arguments"]["num_augmentations"] == 16
+
+
+def test_csv_streams_in_blocks_with_global_row_numbers(tmp_path, csv_rows, monkeypatch):
+    """Small blocks (a few rows each) give the same dataset as one block, and a bad row in a
+    later block is named by its row in the file."""
+    many = csv_rows[:6] * 3  # 18 rows, repeats dropped by the dedup across blocks
+    train_csv = _write_csv(tmp_path / "train.csv", many)
+    test_csv = _write_csv(tmp_path / "test.csv", csv_rows[6:])
+    sudoku.build_from_csv(tmp_path / "one", train_csv, test_csv, subsample=4, seed=1)
+    monkeypatch.setattr(sudoku, "CSV_BLOCK_BYTES", 700)  # about 3 rows per block
+    blocks = list(sudoku.iter_sudoku_csv(train_csv, 9, sudoku.CSV_BLOCK_BYTES))
+    assert len(blocks) > 3 and [b[0] for b in blocks] == sorted(b[0] for b in blocks)
+    meta = sudoku.build_from_csv(tmp_path / "many", train_csv, test_csv, subsample=4, seed=1)
+    one, streamed = (store.read_split(tmp_path / d, "train") for d in ("one", "many"))
+    assert all(np.array_equal(one[k], streamed[k]) for k in store.COLUMNS)
+    assert meta.build["arguments"]["train_repeats_dropped"] == 12
+    lines = train_csv.read_text().splitlines()
+    lines[14] = _bad_line(*many[13], "letter")  # data row 14, in a later block
+    train_csv.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"row 14 \(line 15\): question has 'x' at cell 0"):
+        sudoku.build_from_csv(tmp_path / "bad", train_csv, test_csv)
+    assert not (tmp_path / "bad").exists()

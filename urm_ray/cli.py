@@ -1,7 +1,8 @@
 """The ``urm-ray`` command line.
 
     urm-ray presets                               list the shipped training configs
-    urm-ray data sudoku --out data/s4 --size 4    build a dataset (Parquet + metadata.json)
+    urm-ray data sudoku --out data/s4 --size 4    build a dataset (Parquet + metadata.json);
+                                                  also: data maze, data nqueens, data coloring
     urm-ray train sudoku4-urm model.loops=8       train (or resume) one run on Ray Train
     urm-ray eval runs/<name>/checkpoint_...       evaluate a checkpoint on its held-out split
     urm-ray sweep quickstart trials=8             hyperparameter sweep (Tune + Optuna + ASHA)
@@ -92,14 +93,85 @@ def _data_sudoku(args: argparse.Namespace) -> None:
     if args.train_csv:
         sudoku.build_from_csv(
             args.out, args.train_csv, args.test_csv, size=args.size, subsample=args.subsample,
-            seed=args.seed,
+            seed=args.seed, num_augmentations=args.num_augmentations,
         )
     else:
         sudoku.build_generated(
             args.out, size=args.size, num_train=args.num_train, num_test=args.num_test,
-            blanks=args.blanks, seed=args.seed,
+            blanks=args.blanks, seed=args.seed, num_augmentations=args.num_augmentations,
         )
     print(f"wrote {args.out}")
+
+
+def _data_maze(args: argparse.Namespace) -> None:
+    from urm_ray.data.tasks import maze
+
+    if bool(args.train_csv) != bool(args.test_csv):
+        raise ConfigError("--train-csv and --test-csv go together")
+    if args.train_csv:
+        maze.build_from_csv(args.out, args.train_csv, args.test_csv)
+        print(f"wrote {args.out}")
+        return
+    maze.build_generated(
+        args.out, n=args.size, num_train=args.num_train, num_test=args.num_test,
+        min_path=args.min_path, max_path=args.max_path, loop_prob=args.loop_prob,
+        unique_path=args.unique_path, seed=args.seed,
+    )
+    print(f"wrote {args.out}")
+
+
+def _data_nqueens(args: argparse.Namespace) -> None:
+    from urm_ray.data.tasks import nqueens
+
+    nqueens.build_unconditional(args.out, n=args.size, repeats=args.repeats)
+    print(f"wrote {args.out}")
+
+
+def _data_coloring(args: argparse.Namespace) -> None:
+    from urm_ray.data.tasks import coloring
+
+    coloring.build_generated(
+        args.out, n=args.nodes, colors=args.colors, num_train=args.num_train,
+        num_test=args.num_test, edge_prob=args.edge_prob, seed=args.seed,
+    )
+    print(f"wrote {args.out}")
+
+
+def _add_data_parsers(data: argparse._SubParsersAction) -> None:
+    m = data.add_parser("maze", help="generate n x n mazes labelled with their shortest path")
+    m.add_argument("--out", required=True, help="dataset folder to create")
+    m.add_argument("--size", type=int, default=30, help="maze side n (the papers: 30)")
+    m.add_argument("--num-train", type=int, default=1000)
+    m.add_argument("--num-test", type=int, default=1000)
+    m.add_argument("--min-path", type=int, default=110,
+                   help="hardness filter: keep mazes whose shortest path has >= this many moves")
+    m.add_argument("--max-path", type=int, default=0, help="and <= this many (0 = no limit)")
+    m.add_argument("--loop-prob", type=float, default=0.03,
+                   help="chance to knock down each wall between two rooms (more routes)")
+    m.add_argument("--unique-path", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep only mazes with a single shortest path (default: yes)")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--train-csv", help="convert the official maze CSV (source,question,answer,"
+                                       "rating; cells '# SGo') instead of generating")
+    m.add_argument("--test-csv", help="held-out CSV (with --train-csv)")
+    m.set_defaults(func=_data_maze)
+
+    q = data.add_parser("nqueens", help="every n-queens solution as labels of the empty board")
+    q.add_argument("--out", required=True, help="dataset folder to create")
+    q.add_argument("--size", type=int, default=8, help="board side n")
+    q.add_argument("--repeats", type=int, default=64, help="copies of each solution in train")
+    q.set_defaults(func=_data_nqueens)
+
+    c = data.add_parser("coloring", help="random k-colourable graphs (planted colouring)")
+    c.add_argument("--out", required=True, help="dataset folder to create")
+    c.add_argument("--nodes", type=int, default=12)
+    c.add_argument("--colors", type=int, default=3)
+    c.add_argument("--edge-prob", type=float, default=0.4,
+                   help="chance of an edge between two nodes of different planted colours")
+    c.add_argument("--num-train", type=int, default=5000)
+    c.add_argument("--num-test", type=int, default=500)
+    c.add_argument("--seed", type=int, default=0)
+    c.set_defaults(func=_data_coloring)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -132,7 +204,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--test-csv", help="held-out CSV (with --train-csv)")
     s.add_argument("--subsample", type=int, default=0, help="keep N training puzzles (1k setting)")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--num-augmentations", type=int, default=0,
+                   help="K augmentations per puzzle the dataset is meant for (recorded in"
+                        " metadata; train with data.num_augmentations=K); 0 = not set")
     s.set_defaults(func=_data_sudoku)
+    _add_data_parsers(data)
     return parser
 
 

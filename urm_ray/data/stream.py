@@ -96,6 +96,19 @@ def _originals(table: pa.Table) -> dict[str, np.ndarray]:
     return cols
 
 
+def warn_if_not_intended(cfg: DataConfig, meta: DatasetMeta) -> None:
+    """Warns when the dataset records the K it was built for (e.g. 1001 for the papers' "1k"
+    setting) and `data.num_augmentations` streams another number."""
+    intended = meta.build.get("arguments", {}).get("num_augmentations", 0)
+    if cfg.augment and intended and intended != cfg.num_augmentations:
+        warnings.warn(
+            f"{cfg.path} was built for {intended} augmentations per puzzle"
+            f" (metadata build.arguments.num_augmentations); data.num_augmentations="
+            f"{cfg.num_augmentations} streams a different number",
+            stacklevel=3,
+        )
+
+
 def train_dataset(cfg: DataConfig) -> ray.data.Dataset:
     """The training split; one pass yields every (puzzle, aug index) pair once."""
     meta = load_meta(cfg)
@@ -107,6 +120,7 @@ def train_dataset(cfg: DataConfig) -> ray.data.Dataset:
             " repeats each puzzle unchanged",
             stacklevel=2,
         )
+    warn_if_not_intended(cfg, meta)
     num_augmentations = cfg.num_augmentations if cfg.augment else 1
     kwargs = {
         "augmentation": augmentation,

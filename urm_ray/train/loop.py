@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from torch import nn
 
 from urm_ray.config import RunConfig, TrainConfig, build_config
 from urm_ray.data import stream
-from urm_ray.data.tasks.verify import optional_verifier, verifier_for
+from urm_ray.data.tasks.verify import Verifier, optional_verifier, verifier_for
 from urm_ray.losses import act_loss
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
@@ -101,9 +101,10 @@ class Trainer:
         self.local_batch = cfg.train.global_batch_size // world
         self.last_eval: dict[str, float] = {}
         # GRAM's halting target "a task verifier accepts it" (None = "equals the label")
-        self.verifier: Callable[[torch.Tensor], torch.Tensor] | None = None
-        # judges sampled answers in evaluation (train.eval_samples > 0); None = "equals the label"
-        self.eval_verifier: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.verifier: Verifier | None = None
+        # judges held-out answers: eval/valid_accuracy and, with train.eval_samples > 0, the
+        # sampled answers' validity and coverage (None = "equals the label")
+        self.eval_verifier: Verifier | None = None
 
     def run(self, position: Position) -> None:
         cfg = self.cfg.train
@@ -155,7 +156,10 @@ class Trainer:
             carry, outputs = self.wrapped(carry, batch)
             halt_target = None
             if self.verifier is not None:
-                halt_target = self.verifier(outputs["logits"].detach().argmax(-1))
+                data = carry.current_data
+                halt_target = self.verifier(
+                    outputs["logits"].detach().argmax(-1), data["inputs"], data["labels"]
+                )
             loss, metrics = act_loss(
                 outputs, carry.current_data["labels"], carry.halted, carry.steps, self.cfg.train.loss,
                 halt_target=halt_target,

@@ -189,10 +189,13 @@ def write_dataset(
     *,
     overwrite: bool = False,
     rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+    extra_files: dict[str, str] | None = None,
 ) -> DatasetMeta:
     """Validates `splits` against `meta` and writes the dataset folder atomically.
 
     `splits` maps a split name to the columns `COLUMNS` (inputs / labels [N, seq_len], ids [N]).
+    `extra_files` maps a file name to text written next to `metadata.json` (task-specific tables,
+    e.g. ARC's task list), inside the same atomic rename.
     Everything is written to a temporary folder next to `out_dir` and renamed at the end, so on
     error nothing is left behind. Returns `meta` with `splits` filled and the urm_ray version and
     time added to `build`.
@@ -207,12 +210,19 @@ def write_dataset(
     for name in splits:
         if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
             raise DataError(f"split name {name!r} must be letters, digits, '_' or '-'")
+    extra_files = extra_files or {}
+    for name in extra_files:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name == METADATA_FILE or name in splits:
+            raise DataError(f"extra file name {name!r} must be a plain file name, not a split"
+                            f" or {METADATA_FILE}")
     columns = {name: _validated_split(name, cols, meta) for name, cols in splits.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
         meta = _write_parquet(tmp, columns, meta, rows_per_file)
+        for name, text in extra_files.items():
+            (tmp / name).write_text(text)
         (tmp / METADATA_FILE).write_text(json.dumps(dataclasses.asdict(meta), indent=2) + "\n")
         _move_into_place(tmp, out, overwrite)
     finally:

@@ -6,6 +6,9 @@ the board is a valid solution of the task, whichever solution it is. Uses: GRAM'
 
     accepts = verifier_for("nqueens", seq_len=36)
     ok = accepts(logits.argmax(-1))             # [B] bool
+
+ARC has one right answer per input, so its verifier needs the label: ``arc_exact_match(answers,
+labels)``, the ARC rule (the cropped grid equals the true grid in shape and every colour).
 """
 
 from __future__ import annotations
@@ -38,8 +41,21 @@ def _on_numpy(check: Callable[[np.ndarray], np.ndarray]) -> Verifier:
     return verify
 
 
+def arc_exact_match(answers: Tensor, labels: Tensor) -> Tensor:
+    """[N] bool: each predicted ARC canvas [N, 900] (cropped as the official evaluator does)
+    holds exactly the grid of its label canvas [N, 900] (stored form, ignore label = PAD)."""
+    from urm_ray.data import arc_augment
+
+    got = arc_augment.crop_canonical(answers.detach().cpu().numpy())
+    want = arc_augment.canonical(labels.detach().cpu().numpy())
+    return torch.from_numpy((got == want).all(axis=1)).to(answers.device)
+
+
 def verifier_for(task: str, seq_len: int) -> Verifier:
     """The verifier of ``task`` for boards of ``seq_len`` tokens; ConfigError if there is none."""
+    if task == "arc":
+        raise ConfigError("task 'arc' has one answer per input: check answers against the labels"
+                          " with arc_exact_match(answers, labels)")
     if task not in VERIFIERS:
         raise ConfigError(f"task {task!r} has no verifier; expected one of {sorted(VERIFIERS)}")
     side = _board_side(task, seq_len)

@@ -367,3 +367,91 @@ def test_cli_data_arc(real, tmp_path, capsys):
     assert main(["data", "arc", "--source", str(src), "--out", str(tmp_path / "e"),
                  "--subsets", "training", "nope", "--test-set", "training"]) == 2
     assert "unknown subset 'nope'" in capsys.readouterr().err
+
+
+# --- the Ray Data stream and `urm-ray eval` (slow: Ray, MLflow) ------------------------------------
+
+
+def _stream_rows(ds, shards: int = 1) -> dict:
+    """(pair, aug index) -> (inputs, labels, identifier) over every shard of one pass."""
+    from urm_ray.data import stream
+
+    out = {}
+    parts = ds.split(shards) if shards > 1 else [ds]
+    for part in parts:
+        for b in stream.iter_torch_batches(part, 64, shuffle=False, device="cpu"):
+            for p, a, x, y, i in zip(b["puzzle_index"].tolist(), b["aug_index"].tolist(),
+                                     b["inputs"].numpy(), b["labels"].numpy(),
+                                     b["puzzle_identifiers"].tolist()):
+                assert (p, a) not in out, "a (pair, aug index) streamed twice"
+                out[(p, a)] = (x.astype(np.int8), y.astype(np.int8), i)
+    return out
+
+
+@pytest.mark.slow
+def test_stream_round_trip_and_stable_identifiers(small, ray_local):
+    from urm_ray.data import stream
+    from urm_ray.data.config import DataConfig
+
+    cfg = DataConfig(path=str(small), num_augmentations=5, translate=False, shuffle_seed=2)
+    train, table = store.read_split(small, "train"), arc.load_tasks(small)
+    rows = _stream_rows(stream.train_dataset(cfg))
+    assert len(rows) == 5 * len(train["inputs"])
+    by_pair = {p: i for i, p in enumerate(train["puzzle_index"].tolist())}
+    keys = sorted(rows)
+    pair_rows = np.array([by_pair[p] for p, _ in keys])
+    aug = np.array([a for _, a in keys], np.int32)
+    ids = train["puzzle_identifiers"][pair_rows]
+    x = np.stack([rows[k][0] for k in keys])
+    y = np.stack([rows[k][1] for k in keys])
+    assert np.array_equal(arc_augment.invert(x, ids, aug, 2, table), train["inputs"][pair_rows])
+    assert np.array_equal(arc_augment.invert(y, ids, aug, 2, table),
+                          arc_augment.canonical(train["labels"][pair_rows]))
+    assert [rows[k][2] for k in keys] == (1 + (ids - 1) * 5 + aug).tolist()
+    # with translation: the same rows from a second run and from two shards ("two workers")
+    cfg = DataConfig(path=str(small), num_augmentations=5, shuffle_seed=2)
+    one, two = _stream_rows(stream.train_dataset(cfg)), _stream_rows(stream.train_dataset(cfg), 2)
+    assert sorted(one) == sorted(two) == keys
+    assert all(np.array_equal(one[k][0], two[k][0]) and one[k][2] == two[k][2] for k in keys)
+    assert sum(not np.array_equal(one[k][0], rows[k][0]) for k in keys) > len(keys) // 2
+    ev = _stream_rows(stream.eval_dataset(cfg))
+    test = store.read_split(small, "test")
+    assert sorted(p for p, _ in ev) == sorted(test["puzzle_index"].tolist())
+    assert {i for *_, i in ev.values()} == set((1 + (test["puzzle_identifiers"] - 1) * 5).tolist())
+    assert stream.puzzle_table_size(store.read_metadata(small), cfg) == 1 + 12 * 5
+
+
+@pytest.mark.slow
+def test_eval_cli_on_a_checkpoint_logs_to_mlflow(small, tmp_path, capsys):
+    from urm_ray import tracking
+    from urm_ray.config import load_config
+    from urm_ray.data import stream
+    from urm_ray.models.registry import TaskSpec, build_model
+    from urm_ray.train import checkpoint
+    from urm_ray.typed import to_dict
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_config("sudoku4-urm", [
+        f"data.path={small}", "data.num_augmentations=3", "model.hidden_size=16",
+        "model.num_heads=2", "model.num_layers=1", "model.loops=2", "model.max_segments=2",
+        "model.puzzle_emb_dim=16", "train.run_name=arc-tiny", f"tracking.tracking_uri={uri}",
+        "tracking.experiment=arc-test"])
+    meta = store.read_metadata(small)
+    table = stream.puzzle_table_size(meta, cfg.data)
+    model = build_model(cfg.model, TaskSpec(meta.vocab_size, meta.seq_len, table))
+    assert model.puzzle_emb.weights.shape[0] == 1 + 12 * 3  # 12 tasks x 3 augmentation slots
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    checkpoint.save(folder, model, None, [], checkpoint.Position(step=7), to_dict(cfg))
+    out = tmp_path / "report.json"
+    assert main(["eval", str(folder), "--max-rows", "2", "--augmentations", "2", "--halt-early",
+                 "--pass-k", "1", "2", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    report = json.loads(out.read_text())
+    assert printed["metrics"] == report["metrics"] and printed["step"] == 7
+    assert set(report["metrics"]) >= {"arc/pass@1", "arc/pass@2", "arc/compute_saved"}
+    assert report["metrics"]["arc/predictions"] == 4 and report["tasks"]
+    run_id = tracking.find_run_id(uri, "arc-test", "arc-tiny/eval-test")
+    assert run_id == printed["mlflow_run_id"]
+    logged = tracking.run_summary(uri, run_id).metrics
+    assert logged["arc/pass@2"] == report["metrics"]["arc/pass@2"]

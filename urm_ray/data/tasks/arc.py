@@ -201,23 +201,24 @@ def available_subsets(source: Path, prefix: str) -> list[str]:
     return sorted(set(kaggle) | set(folders))
 
 
-def read_subset(source: Path, subset: str, prefix: str) -> Iterator[Task]:
-    """Tasks of one subset in name order, validated; DataError for an unknown subset."""
+def read_subset(source: Path, subset: str, prefix: str) -> tuple[int, Iterator[Task]]:
+    """(number of tasks, the validated tasks in name order) of one subset; DataError for an unknown
+    subset. Tasks are parsed one at a time as the iterator is consumed."""
     challenges = source / f"{prefix}_{subset}_challenges.json"
     if challenges.is_file():
-        yield from _read_kaggle(challenges, source / f"{prefix}_{subset}_solutions.json", subset)
-    elif (source / subset).is_dir():
-        for path in sorted((source / subset).glob("*.json")):
-            yield _task(path.stem, subset, _read_json(path), f"{path}: task {path.stem}", None)
-    else:
-        found = available_subsets(source, prefix) if source.is_dir() else []
-        raise DataError(
-            f"{source}: unknown subset {subset!r}; available: {found} (looked for {challenges.name}"
-            f" and the folder {subset}/)"
-        )
+        return _read_kaggle(challenges, source / f"{prefix}_{subset}_solutions.json", subset)
+    if (source / subset).is_dir():
+        paths = sorted((source / subset).glob("*.json"))
+        return len(paths), (_task(p.stem, subset, _read_json(p), f"{p}: task {p.stem}", None)
+                            for p in paths)
+    found = available_subsets(source, prefix) if source.is_dir() else []
+    raise DataError(
+        f"{source}: unknown subset {subset!r}; available: {found} (looked for {challenges.name}"
+        f" and the folder {subset}/)"
+    )
 
 
-def _read_kaggle(challenges: Path, solutions: Path, subset: str) -> Iterator[Task]:
+def _read_kaggle(challenges: Path, solutions: Path, subset: str) -> tuple[int, Iterator[Task]]:
     tasks = _read_json(challenges)
     if not isinstance(tasks, dict):
         raise DataError(f"{challenges}: expected an object of task id -> task")
@@ -230,15 +231,19 @@ def _read_kaggle(challenges: Path, solutions: Path, subset: str) -> Iterator[Tas
     sols = _read_json(solutions)
     if not isinstance(sols, dict):
         raise DataError(f"{solutions}: expected an object of task id -> list of output grids")
-    for name in sorted(tasks):
-        if name not in sols:
-            raise DataError(
-                f"{challenges}: task {name} test pair 0: challenge without its solution"
-                f" (no entry in {solutions.name})"
-            )
-        if not isinstance(sols[name], list):
-            raise DataError(f"{solutions}: task {name}: expected a list of output grids")
-        yield _task(name, subset, tasks[name], f"{challenges}: task {name}", sols[name])
+
+    def parse() -> Iterator[Task]:
+        for name in sorted(tasks):
+            if name not in sols:
+                raise DataError(
+                    f"{challenges}: task {name} test pair 0: challenge without its solution"
+                    f" (no entry in {solutions.name})"
+                )
+            if not isinstance(sols[name], list):
+                raise DataError(f"{solutions}: task {name}: expected a list of output grids")
+            yield _task(name, subset, tasks[name], f"{challenges}: task {name}", sols[name])
+
+    return len(tasks), parse()
 
 
 # --- symmetries: which augmentations reproduce the task ---------------------------------------
@@ -313,12 +318,12 @@ def _read_tasks(source: Path, subsets: list[str], test_set: str, prefix: str,
     test pair leaks into training), else the first."""
     by_subset: dict[str, list[Task]] = {}
     for subset in subsets:
-        progress = Progress(f"arc {subset}", 0, progress_every_s)
+        count, tasks = read_subset(source, subset, prefix)
+        progress = Progress(f"arc {subset}", count, progress_every_s)
         by_subset[subset] = []
-        for task in read_subset(source, subset, prefix):
+        for task in tasks:
             by_subset[subset].append(task)
             progress.update(len(by_subset[subset]))
-        progress.total = len(by_subset[subset])
         progress.finish(len(by_subset[subset]))
     owner: dict[str, str] = {t.name: test_set for t in by_subset[test_set]}
     kept, dropped = [], []

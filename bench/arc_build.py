@@ -59,8 +59,9 @@ def bench_augment(folder: Path, rows: int, slots: int = 1001) -> dict[str, float
     cpu, wall = time.process_time(), time.perf_counter()
     for start in range(0, rows, 16384):
         sel = slice(start, start + 16384)
-        arc_augment.augment(train["inputs"][pick[sel]], train["labels"][pick[sel]],
-                            train["puzzle_identifiers"][pick[sel]], train["puzzle_index"][pick[sel]],
+        rows = pick[sel]
+        arc_augment.augment(train["inputs"][rows], train["labels"][rows],
+                            train["puzzle_identifiers"][rows], train["puzzle_index"][rows],
                             aug[sel], 0, table, slots, True)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     return {"augment_rows_per_cpu_s": rows / cpu, "augment_rows_per_s": rows / wall}

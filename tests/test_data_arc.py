@@ -100,7 +100,8 @@ def test_tokens_and_labels():
     assert (canvas[3, :2] == arc.EOS).all() and (canvas[:3, 2] == arc.EOS).all()
     assert canvas[3, 2] == arc.PAD and (canvas[4:] == 0).all() and (canvas[:, 3:] == 0).all()
     labels = arc.as_labels(canvas)
-    assert (labels[canvas == 0] == -100).all() and (labels[canvas != 0] == canvas[canvas != 0]).all()
+    assert (labels[canvas == 0] == -100).all()
+    assert (labels[canvas != 0] == canvas[canvas != 0]).all()
     full = arc.encode(np.ones((30, 30), np.uint8))  # no room for EOS at the edges
     assert (full == 3).all()
     assert arc.decode(arc.encode(grid)).tolist() == grid.tolist()
@@ -114,7 +115,8 @@ def test_per_task_folder_gives_the_same_dataset(real, tmp_path):
     for split in ("train", "test"):
         x, y = store.read_split(tmp_path / "a", split), store.read_split(tmp_path / "b", split)
         assert all(np.array_equal(x[c], y[c]) for c in store.COLUMNS)
-    assert (tmp_path / "a" / arc.TASKS_FILE).read_text() == (tmp_path / "b" / arc.TASKS_FILE).read_text()
+    tasks_a, tasks_b = (tmp_path / "a" / arc.TASKS_FILE), (tmp_path / "b" / arc.TASKS_FILE)
+    assert tasks_a.read_text() == tasks_b.read_text()
 
 
 def test_duplicate_task_keeps_the_test_set_copy(real, tmp_path):
@@ -164,7 +166,8 @@ def test_augment_then_invert_gives_the_original_on_real_tasks(small):
     x, y, new_ids = arc_augment.augment(train["inputs"][rows], train["labels"][rows], ids,
                                         train["puzzle_index"][rows], aug, 5, table, 12, False)
     assert np.array_equal(new_ids, 1 + (ids - 1) * 12 + aug)
-    assert np.array_equal(x[aug == 0], train["inputs"]) and np.array_equal(y[aug == 0], train["labels"])
+    assert np.array_equal(x[aug == 0], train["inputs"])
+    assert np.array_equal(y[aug == 0], train["labels"])
     assert np.array_equal(arc_augment.invert(x, ids, aug, 5, table), train["inputs"][rows])
     assert np.array_equal(arc_augment.invert(y, ids, aug, 5, table),
                           arc_augment.canonical(train["labels"][rows]))
@@ -417,7 +420,8 @@ def test_stream_round_trip_and_stable_identifiers(small, ray_local):
     ev = _stream_rows(stream.eval_dataset(cfg))
     test = store.read_split(small, "test")
     assert sorted(p for p, _ in ev) == sorted(test["puzzle_index"].tolist())
-    assert {i for *_, i in ev.values()} == set((1 + (test["puzzle_identifiers"] - 1) * 5).tolist())
+    expected = set((1 + (test["puzzle_identifiers"] - 1) * 5).tolist())  # aug index 0's rows
+    assert {i for *_, i in ev.values()} == expected
     assert stream.puzzle_table_size(store.read_metadata(small), cfg) == 1 + 12 * 5
 
 

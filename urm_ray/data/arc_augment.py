@@ -12,7 +12,7 @@ so the puzzle-embedding table is as large as the official one when K = official 
 Training may also translate each pair on the canvas (same shift for input and output, drawn per
 (pair, a)); evaluation does not.
 
-    inputs, labels, ids = augment(inputs, labels, ids, pairs, aug, seed, table, K, translate=True)
+    inputs, labels, ids = augment(inputs, labels, ids, pairs, aug, seed, table, K, True)
     canonical = invert(predictions, ids, aug, seed, table)      # back to the original task
 """
 

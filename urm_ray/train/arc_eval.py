@@ -66,7 +66,8 @@ def pass_at_k(ranked: Sequence[bytes], truth: bytes, k: int) -> bool:
 
 
 def task_scores(ranked: dict[int, list[bytes]], truths: dict[int, bytes],
-                pairs_of_task: dict[str, list[int]], ks: Sequence[int]) -> dict[str, dict[str, float]]:
+                pairs_of_task: dict[str, list[int]], ks: Sequence[int]
+                ) -> dict[str, dict[str, float]]:
     """Per task: pass@k = fraction of its test pairs whose truth is in the top k."""
     out = {}
     for name, pairs in pairs_of_task.items():
@@ -108,9 +109,10 @@ def predict(model: nn.Module, batch: dict[str, torch.Tensor], halt_early: bool
         segments += 1
         q_halt = outputs["q_halt_logits"].double()
         last = bool(carry.halted.all())
-        take = (taken == 0) & ((q_halt > 0) if halt_early else torch.full_like(taken, last, dtype=torch.bool))
-        take |= (taken == 0) & last
-        answers = torch.where(take[:, None], outputs["logits"].argmax(-1).to(answers.dtype), answers)
+        fresh = taken == 0
+        take = fresh if last else fresh & (q_halt > 0) if halt_early else torch.zeros_like(fresh)
+        predicted = outputs["logits"].argmax(-1).to(answers.dtype)
+        answers = torch.where(take[:, None], predicted, answers)
         prob = torch.where(take, torch.sigmoid(q_halt), prob)
         taken = torch.where(take, segments, taken)
         if last or bool((taken > 0).all()):
@@ -145,9 +147,9 @@ def evaluate_arc(model: nn.Module, data_cfg: DataConfig, split: str = "test",
     `num_augmentations` (0 = all of data.num_augmentations) versions per test pair. Returns
     {"metrics": {...}, "tasks": {name: {pass@k}}}; metrics are "arc/pass@k", "arc/tasks",
     "arc/test_pairs", "arc/predictions", "arc/mean_segments", "arc/compute_saved"."""
-    num_augmentations = num_augmentations or (data_cfg.num_augmentations if data_cfg.augment else 1)
-    _check(data_cfg, num_augmentations, pass_ks)
     slots = data_cfg.num_augmentations if data_cfg.augment else 1
+    num_augmentations = num_augmentations or slots
+    _check(data_cfg, num_augmentations, pass_ks)
     table = arc.load_tasks(data_cfg.path)
     stored = store.read_split(data_cfg.path, split)
     if max_pairs:

@@ -129,7 +129,8 @@ def _raise_grid_error(value: Any, where: str) -> NoReturn:
         if width is None:
             width = len(row)
         elif len(row) != width:
-            raise DataError(f"{where}: ragged grid, row {r} has {len(row)} cells, row 0 has {width}")
+            raise DataError(
+                f"{where}: ragged grid, row {r} has {len(row)} cells, row 0 has {width}")
         for c, cell in enumerate(row):
             if type(cell) is not int or not 0 <= cell < NUM_COLOURS:
                 raise DataError(

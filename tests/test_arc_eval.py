@@ -32,7 +32,7 @@ def test_pass_at_k_and_task_scores():
     truths = {0: A, 1: A, 2: A}
     assert [pass_at_k(ranked[0], A, k) for k in (1, 2, 3)] == [False, True, True]
     scores = task_scores(ranked, truths, {"t": [0, 1], "u": [2]}, (1, 2))
-    assert scores == {"t": {"pass@1": 0.0, "pass@2": 0.5}, "u": {"pass@1": 1.0, "pass@2": 1.0}}
+    assert scores == {"t": {"pass_at_1": 0.0, "pass_at_2": 0.5}, "u": {"pass_at_1": 1.0, "pass_at_2": 1.0}}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_right_answers_pass_every_task(dataset):
     model = StandIn(_answers(dataset, cfg))
     report = evaluate_arc(model, cfg, batch_size=7, pass_ks=(1, 2))
     m = report["metrics"]
-    assert m["arc/pass@1"] == m["arc/pass@2"] == 1.0
+    assert m["arc/pass_at_1"] == m["arc/pass_at_2"] == 1.0
     assert m["arc/tasks"] == 5 and m["arc/predictions"] == 6 * m["arc/test_pairs"]
     assert sorted(report["tasks"]) == sorted(r["name"] for r in arc.load_tasks(dataset).records
                                              if r["held_out"])
@@ -105,13 +105,13 @@ def test_voting_outvotes_a_minority_of_wrong_augmentations(dataset):
     cfg = DataConfig(path=str(dataset), num_augmentations=6)
     minority = evaluate_arc(StandIn(_answers(dataset, cfg, lambda a: a in (1, 4))), cfg,
                             pass_ks=(1, 2))["metrics"]
-    assert minority["arc/pass@1"] == 1.0
+    assert minority["arc/pass_at_1"] == 1.0
     majority = evaluate_arc(StandIn(_answers(dataset, cfg, lambda a: a != 2)), cfg,
                             pass_ks=(1, 2))["metrics"]
-    assert majority["arc/pass@1"] == 0.0 and majority["arc/pass@2"] == 1.0
+    assert majority["arc/pass_at_1"] == 0.0 and majority["arc/pass_at_2"] == 1.0
     fewer = evaluate_arc(StandIn(_answers(dataset, cfg, lambda a: a != 2)), cfg,
                          num_augmentations=2, pass_ks=(1, 2))["metrics"]  # aug 0, 1: both wrong
-    assert fewer["arc/pass@2"] == 0.0 and fewer["arc/augmentations"] == 2
+    assert fewer["arc/pass_at_2"] == 0.0 and fewer["arc/augmentations"] == 2
 
 
 def test_early_halting_saves_segments(dataset):
@@ -123,7 +123,7 @@ def test_early_halting_saves_segments(dataset):
     early = StandIn(answers, max_segments=4, halt_from=2)
     m = evaluate_arc(early, cfg, batch_size=16, halt_early=True)["metrics"]
     assert m["arc/mean_segments_run"] == 2 and m["arc/compute_saved"] == 0.5
-    assert m["arc/pass@1"] == 1.0 and early.calls * 2 == full.calls
+    assert m["arc/pass_at_1"] == 1.0 and early.calls * 2 == full.calls
 
 
 def test_bad_evaluation_options(dataset):

@@ -453,9 +453,9 @@ def test_eval_cli_on_a_checkpoint_logs_to_mlflow(small, tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     report = json.loads(out.read_text())
     assert printed["metrics"] == report["metrics"] and printed["step"] == 7
-    assert set(report["metrics"]) >= {"arc/pass@1", "arc/pass@2", "arc/compute_saved"}
+    assert set(report["metrics"]) >= {"arc/pass_at_1", "arc/pass_at_2", "arc/compute_saved"}
     assert report["metrics"]["arc/predictions"] == 4 and report["tasks"]
     run_id = tracking.find_run_id(uri, "arc-test", "arc-tiny/eval-test")
     assert run_id == printed["mlflow_run_id"]
     logged = tracking.run_summary(uri, run_id).metrics
-    assert logged["arc/pass@2"] == report["metrics"]["arc/pass@2"]
+    assert logged["arc/pass_at_2"] == report["metrics"]["arc/pass_at_2"]

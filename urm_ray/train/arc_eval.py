@@ -12,7 +12,7 @@ With `halt_early`, a row's answer is the one at the first segment whose Q-head s
 batch stops once every row has halted; the report gives the segments run against the maximum.
 
     report = evaluate_arc(model, "data/arc1", data_cfg, num_augmentations=8, halt_early=True)
-    report["metrics"]["arc/pass@2"], report["tasks"]["00576224"]["pass@2"]
+    report["metrics"]["arc/pass_at_2"], report["tasks"]["00576224"]["pass_at_2"]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def task_scores(ranked: dict[int, list[bytes]], truths: dict[int, bytes],
     """Per task: pass@k = fraction of its test pairs whose truth is in the top k."""
     out = {}
     for name, pairs in pairs_of_task.items():
-        out[name] = {f"pass@{k}": float(np.mean(
+        out[name] = {f"pass_at_{k}": float(np.mean(
             [pass_at_k(ranked.get(p, []), truths[p], k) for p in pairs])) for k in ks}
     return out
 
@@ -145,7 +145,7 @@ def evaluate_arc(model: nn.Module, data_cfg: DataConfig, split: str = "test",
     """pass@k of `model` (eval mode) on the ARC split by augmentation voting.
 
     `num_augmentations` (0 = all of data.num_augmentations) versions per test pair. Returns
-    {"metrics": {...}, "tasks": {name: {pass@k}}}; metrics are "arc/pass@k", "arc/tasks",
+    {"metrics": {...}, "tasks": {name: {pass_at_k}}}; metrics are "arc/pass_at_k", "arc/tasks",
     "arc/test_pairs", "arc/predictions", "arc/mean_segments", "arc/compute_saved"."""
     slots = data_cfg.num_augmentations if data_cfg.augment else 1
     num_augmentations = num_augmentations or slots
@@ -182,7 +182,7 @@ def _report(tally: _Tally, stored: dict[str, np.ndarray], table: arc.TaskTable,
     ranked = {pair: rank(c) for pair, c in tally.candidates.items()}
     tasks = task_scores(ranked, truths, pairs_of_task, pass_ks)
     rows = max(tally.rows, 1)
-    metrics = {f"arc/pass@{k}": float(np.mean([t[f"pass@{k}"] for t in tasks.values()]))
+    metrics = {f"arc/pass_at_{k}": float(np.mean([t[f"pass_at_{k}"] for t in tasks.values()]))
                if tasks else 0.0 for k in pass_ks}
     metrics.update({
         "arc/tasks": float(len(tasks)),

@@ -59,9 +59,9 @@ def bench_augment(folder: Path, rows: int, slots: int = 1001) -> dict[str, float
     cpu, wall = time.process_time(), time.perf_counter()
     for start in range(0, rows, 16384):
         sel = slice(start, start + 16384)
-        rows = pick[sel]
-        arc_augment.augment(train["inputs"][rows], train["labels"][rows],
-                            train["puzzle_identifiers"][rows], train["puzzle_index"][rows],
+        src = pick[sel]
+        arc_augment.augment(train["inputs"][src], train["labels"][src],
+                            train["puzzle_identifiers"][src], train["puzzle_index"][src],
                             aug[sel], 0, table, slots, True)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     return {"augment_rows_per_cpu_s": rows / cpu, "augment_rows_per_s": rows / wall}

@@ -459,3 +459,19 @@ def test_eval_cli_on_a_checkpoint_logs_to_mlflow(small, tmp_path, capsys):
     assert run_id == printed["mlflow_run_id"]
     logged = tracking.run_summary(uri, run_id).metrics
     assert logged["arc/pass_at_2"] == report["metrics"]["arc/pass_at_2"]
+
+
+def test_bench_arc_build_reports_build_and_augment_figures(real, tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "arc_build", Path(__file__).resolve().parents[1] / "bench" / "arc_build.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    src = _kaggle(tmp_path / "src", _few(real, 3))
+    out = tmp_path / "bench.json"
+    result = bench.main(["--source", str(src), "--stream-rows", "0", "--augment-rows", "3000",
+                         "--json", str(out)])
+    assert json.loads(out.read_text())["official"]["peak_ram_gb"] == 15.5
+    assert result["build_wall_s"] > 0 and 0 < result["build_peak_rss_mb"] < 4096
+    assert 0 < result["disk_mb"] < 5 and result["augment_rows_per_cpu_s"] > 0

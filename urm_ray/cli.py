@@ -3,8 +3,10 @@
     urm-ray presets                               list the shipped training configs
     urm-ray data sudoku --out data/s4 --size 4    build a dataset (Parquet + metadata.json);
                                                   also: data maze, data nqueens, data coloring
+    urm-ray data arc --source ARC_DIR --out data/arc1      ARC-AGI from Kaggle or per-task JSON
     urm-ray train sudoku4-urm model.loops=8       train (or resume) one run on Ray Train
     urm-ray eval runs/<name>/checkpoint_...       evaluate a checkpoint on its held-out split
+                                                  (ARC: augmentation voting, pass@k; to MLflow)
     urm-ray sweep quickstart trials=8             hyperparameter sweep (Tune + Optuna + ASHA)
     urm-ray sweep --resume NAME                   continue an interrupted sweep
     urm-ray best NAME                             print and export a sweep's best config
@@ -18,6 +20,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from urm_ray.errors import ConfigError, DataError
 
@@ -41,10 +44,32 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from urm_ray.train.offline import evaluate_checkpoint
+    from urm_ray.train import offline
 
-    metrics = evaluate_checkpoint(args.checkpoint, split=args.split, max_rows=args.max_rows)
-    print(json.dumps(metrics, indent=2))
+    if not offline.is_arc(args.checkpoint):
+        metrics = offline.evaluate_checkpoint(args.checkpoint, split=args.split,
+                                              max_rows=args.max_rows)
+        print(json.dumps(metrics, indent=2))
+        return
+    report = offline.evaluate_arc_checkpoint(
+        args.checkpoint, split=args.split, num_augmentations=args.augmentations,
+        halt_early=args.halt_early, pass_ks=args.pass_k, max_pairs=args.max_rows,
+    )
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    if args.mlflow:
+        run_id = offline.log_to_mlflow(args.checkpoint, report["split"], report["metrics"],
+                                       report["step"], report, args.tracking_uri)
+        report["mlflow_run_id"] = run_id
+    print(json.dumps({k: v for k, v in report.items() if k != "tasks"}, indent=2))
+
+
+def _data_arc(args: argparse.Namespace) -> None:
+    from urm_ray.data.tasks import arc
+
+    meta = arc.build(args.out, args.source, subsets=args.subsets, test_set=args.test_set,
+                     prefix=args.prefix, overwrite=args.overwrite)
+    print(f"wrote {args.out}: {meta.build['num_tasks']} tasks, pairs {meta.build['num_pairs']}")
 
 
 def _sweep(args: argparse.Namespace) -> None:
@@ -188,7 +213,17 @@ def _parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder on its held-out split")
     ev.add_argument("checkpoint")
     ev.add_argument("--split", default="", help="split to evaluate (default: data.eval_split)")
-    ev.add_argument("--max-rows", type=int, default=0, help="0 = all rows")
+    ev.add_argument("--max-rows", type=int, default=0, help="0 = all rows (ARC: test pairs)")
+    ev.add_argument("--augmentations", type=int, default=0,
+                    help="ARC: augmented versions voted per test pair (0 = data.num_augmentations)")
+    ev.add_argument("--halt-early", action="store_true",
+                    help="ARC: take each answer where the Q-head halts; stop batches early")
+    ev.add_argument("--pass-k", type=int, nargs="+", default=[1, 2, 10, 100, 1000],
+                    help="ARC: report pass@k for these k")
+    ev.add_argument("--out", default="", help="ARC: write the full report (per task) as JSON")
+    ev.add_argument("--no-mlflow", dest="mlflow", action="store_false",
+                    help="ARC: do not log the evaluation to MLflow")
+    ev.add_argument("--tracking-uri", default="", help="MLflow URI (default: the run's)")
     ev.set_defaults(func=_eval)
 
     _sweep_parsers(sub)
@@ -209,6 +244,19 @@ def _parser() -> argparse.ArgumentParser:
                         " metadata; train with data.num_augmentations=K); 0 = not set")
     s.set_defaults(func=_data_sudoku)
     _add_data_parsers(data)
+
+    a = data.add_parser("arc", help="ARC-AGI from Kaggle-combined or per-task JSON files")
+    a.add_argument("--source", required=True,
+                   help="folder with <prefix>_<subset>_challenges.json / _solutions.json, or"
+                        " with one sub-folder of <task>.json files per subset")
+    a.add_argument("--out", required=True, help="dataset folder to create")
+    a.add_argument("--subsets", nargs="+", default=["training", "evaluation"],
+                   help="subsets to include (ARC-AGI-2: training2 evaluation2)")
+    a.add_argument("--test-set", default="evaluation",
+                   help="subset whose test pairs are held out (its demonstrations train)")
+    a.add_argument("--prefix", default="arc-agi", help="Kaggle file prefix")
+    a.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    a.set_defaults(func=_data_arc)
     return parser
 
 

@@ -190,17 +190,20 @@ def write_dataset(
     *,
     overwrite: bool = False,
     rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+    extra_files: dict[str, str] | None = None,
 ) -> DatasetMeta:
     """Validates `splits` against `meta` and writes the dataset folder atomically.
 
     `splits` maps a split name to the columns `COLUMNS` (inputs / labels [N, seq_len], ids [N]).
+    `extra_files` maps a file name to text written next to `metadata.json` (task-specific tables,
+    e.g. ARC's task list), inside the same atomic rename.
     Everything is written to a temporary folder next to `out_dir` and renamed at the end, so on
     error nothing is left behind. Returns `meta` with `splits` filled and the urm_ray version and
     time added to `build`.
     """
     return write_dataset_chunks(
         out_dir, {name: [cols] for name, cols in splits.items()}, meta,
-        overwrite=overwrite, rows_per_file=rows_per_file,
+        overwrite=overwrite, rows_per_file=rows_per_file, extra_files=extra_files,
     )
 
 
@@ -211,6 +214,7 @@ def write_dataset_chunks(
     *,
     overwrite: bool = False,
     rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+    extra_files: dict[str, str] | None = None,
 ) -> DatasetMeta:
     """Like `write_dataset`, but each split is an iterable of column chunks, consumed one at a
     time (e.g. a generator), so memory stays bounded by a chunk and one Parquet part.
@@ -227,6 +231,11 @@ def write_dataset_chunks(
     for name in splits:
         if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
             raise DataError(f"split name {name!r} must be letters, digits, '_' or '-'")
+    extra_files = extra_files or {}
+    for name in extra_files:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name == METADATA_FILE or name in splits:
+            raise DataError(f"extra file name {name!r} must be a plain file name, not a split"
+                            f" or {METADATA_FILE}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
@@ -241,6 +250,8 @@ def write_dataset_chunks(
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         meta = dataclasses.replace(meta, splits=infos, build=build, format_version=FORMAT_VERSION)
+        for name, text in extra_files.items():
+            (tmp / name).write_text(text)
         (tmp / METADATA_FILE).write_text(json.dumps(dataclasses.asdict(meta), indent=2) + "\n")
         _move_into_place(tmp, out, overwrite)
     finally:

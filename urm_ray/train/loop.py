@@ -42,7 +42,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     torch.set_num_threads(_threads(cfg))
     torch.manual_seed(cfg.train.seed)  # identical init on every rank (DDP also broadcasts)
     meta = stream.load_meta(cfg.data)
-    task = TaskSpec(meta.vocab_size, meta.seq_len, meta.num_puzzle_identifiers)
+    task = TaskSpec(meta.vocab_size, meta.seq_len, stream.puzzle_table_size(meta, cfg.data))
     model = build_model(cfg.model, task)
     device = ray.train.torch.get_device()
     # DDP broadcasts rank 0's weights; the puzzle table is a buffer updated identically on every

@@ -9,6 +9,9 @@ evaluation.
 
     accepts = verifier_for("maze", seq_len=900)
     ok = accepts(logits.argmax(-1), batch["inputs"], batch["labels"])     # [B] bool
+
+ARC has one right answer per input, so its verifier needs the label: ``arc_exact_match(answers,
+labels)``, the ARC rule (the cropped grid equals the true grid in shape and every colour).
 """
 
 from __future__ import annotations
@@ -87,8 +90,21 @@ VERIFIERS: dict[str, Callable[[int], NumpyCheck]] = {
 }
 
 
+def arc_exact_match(answers: Tensor, labels: Tensor) -> Tensor:
+    """[N] bool: each predicted ARC canvas [N, 900] (cropped as the official evaluator does)
+    holds exactly the grid of its label canvas [N, 900] (stored form, ignore label = PAD)."""
+    from urm_ray.data import arc_augment
+
+    got = arc_augment.crop_canonical(answers.detach().cpu().numpy())
+    want = arc_augment.canonical(labels.detach().cpu().numpy())
+    return torch.from_numpy((got == want).all(axis=1)).to(answers.device)
+
+
 def verifier_for(task: str, seq_len: int) -> Verifier:
     """The verifier of ``task`` for boards of ``seq_len`` tokens; ConfigError if there is none."""
+    if task == "arc":
+        raise ConfigError("task 'arc' has one answer per input: check answers against the labels"
+                          " with arc_exact_match(answers, labels)")
     if task not in VERIFIERS:
         raise ConfigError(f"task {task!r} has no verifier; expected one of {sorted(VERIFIERS)}")
     return _on_numpy(VERIFIERS[task](seq_len))

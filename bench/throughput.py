@@ -47,7 +47,7 @@ def task_spec(cfg: DataConfig, args: argparse.Namespace) -> TaskSpec:
         return TaskSpec(args.vocab, args.seq_len, 1)
     meta = stream.load_meta(DataConfig(path=builtin.resolve_path(cfg.path)))
     return TaskSpec(args.vocab or meta.vocab_size, args.seq_len or meta.seq_len,
-                    meta.num_puzzle_identifiers)
+                    stream.puzzle_table_size(meta, cfg))
 
 
 def timed(fn: partial[Any], device: torch.device) -> tuple[float, Any]:

@@ -67,3 +67,19 @@ def test_unknown_preset_lists_presets():
 def test_bool_is_not_an_int():
     with pytest.raises(ConfigError, match="train.steps"):
         build_config(apply_overrides(BASE, ["train.steps=true"]))
+
+
+def test_presets_name_known_builtin_datasets_whose_recipes_build(tmp_path, monkeypatch):
+    from urm_ray.data import builtin
+    from urm_ray.data.store import read_metadata
+    from urm_ray.data.tasks.verify import verifier_for
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for name in preset_names():
+        cfg = load_config(name)
+        if cfg.data.path.startswith(builtin.PREFIX):
+            assert cfg.data.path[len(builtin.PREFIX):] in builtin.RECIPES, name
+        if getattr(cfg.model, "halt_target", "label") == "verifier":
+            # the GRAM presets' data is small to build, and its task must have a verifier
+            meta = read_metadata(builtin.resolve_path(cfg.data.path))
+            verifier_for(meta.task, meta.seq_len)

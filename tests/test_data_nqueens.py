@@ -91,11 +91,29 @@ def test_verifier_registry_works_on_token_tensors():
     broken = boards.clone()
     broken[:, 0] = QUEEN_TOKEN if broken[0, 0] != QUEEN_TOKEN else EMPTY_TOKEN
     accepts = verifier_for("nqueens", seq_len=36)
-    assert accepts(torch.cat([boards, broken[:1]])).tolist() == [True] * 4 + [False]
+    answers = torch.cat([boards, broken[:1]])
+    empty = torch.full_like(answers, EMPTY_TOKEN)
+    assert accepts(answers, empty, answers).tolist() == [True] * 4 + [False]
     grid = torch.as_tensor(np.asarray(random_solution(4, np.random.default_rng(0))).reshape(1, 16) + 1)
     swapped = grid[:, [1, 0, *range(2, 16)]]  # two cells of the first row swapped: columns break
-    assert verifier_for("sudoku", 16)(torch.cat([grid, swapped])).tolist() == [True, False]
-    with pytest.raises(ConfigError, match="task 'maze' has no verifier"):
-        verifier_for("maze", 36)
+    both = torch.cat([grid, swapped])
+    blank = torch.ones_like(both)
+    assert verifier_for("sudoku", 16)(both, blank, both).tolist() == [True, False]
+    with pytest.raises(ConfigError, match="task 'arc2' has no verifier"):
+        verifier_for("arc2", 36)
     with pytest.raises(ConfigError, match="seq_len=35 is not a square"):
         verifier_for("nqueens", 35)
+
+
+def test_cli_builds_every_solution(tmp_path, capsys):
+    from urm_ray.cli import main
+    from urm_ray.data import store
+
+    assert main(["data", "nqueens", "--out", str(tmp_path / "q"), "--size", "6",
+                 "--repeats", "3"]) == 0
+    test = store.read_split(tmp_path / "q", "test")
+    assert len(test["labels"]) == 4 and valid_queens_mask(test["labels"], 6).all()
+    assert store.read_metadata(tmp_path / "q").splits["train"].num_rows == 12
+    assert main(["data", "nqueens", "--out", str(tmp_path / "bad"), "--size", "3"]) == 2
+    assert "n=3: the board has no solution" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -74,16 +74,16 @@ def test_write_accepts_lists_and_names_bad_rows(tmp_path):
 
 
 def test_write_is_atomic(tmp_path, monkeypatch):
-    real_write = store.pq.write_table
+    real_convert = store.numpy_to_arrow
     calls = []
 
-    def flaky(table, where, **kwargs):
-        calls.append(where)
+    def flaky(cols):  # the second Parquet part fails, after the first was written
+        calls.append(cols)
         if len(calls) == 2:
             raise OSError("disk full")
-        real_write(table, where, **kwargs)
+        return real_convert(cols)
 
-    monkeypatch.setattr(store.pq, "write_table", flaky)
+    monkeypatch.setattr(store, "numpy_to_arrow", flaky)
     with pytest.raises(OSError, match="disk full"):
         store.write_dataset(tmp_path / "d", {"train": _columns(), "test": _columns()}, _meta())
     assert list(tmp_path.iterdir()) == []
@@ -199,3 +199,20 @@ def test_train_stream_without_augmentation(ray_local, sudoku4):
     assert np.array_equal(got["inputs"].numpy()[order], want["inputs"])
     with pytest.raises(DataError, match="no split 'valid'"):
         stream.eval_dataset(dataclasses.replace(cfg, eval_split="valid"))
+
+
+def test_chunked_write_rolls_parts_and_counts_rows_across_chunks(tmp_path):
+    def chunks(bad_at=None):
+        for start in (0, 3, 6):
+            cols = _columns(3)
+            cols["puzzle_index"] = np.arange(start, start + 3)
+            if start == bad_at:
+                cols["inputs"][1, 0] = 9
+            yield cols
+
+    meta = store.write_dataset_chunks(tmp_path / "d", {"train": chunks()}, _meta(), rows_per_file=4)
+    assert meta.splits["train"].num_rows == 9 and len(meta.splits["train"].files) == 3
+    assert store.read_split(tmp_path / "d", "train")["puzzle_index"].tolist() == list(range(9))
+    with pytest.raises(DataError, match="split 'train' row 7: inputs has value 9"):
+        store.write_dataset_chunks(tmp_path / "e", {"train": chunks(bad_at=6)}, _meta())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]

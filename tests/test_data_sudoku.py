@@ -196,3 +196,65 @@ def test_metadata_is_json(tmp_path):
     sudoku.build_generated(tmp_path / "s", size=4, num_train=5, num_test=2, blanks=6, seed=2)
     raw = json.loads((tmp_path / "s" / "metadata.json").read_text())
     assert raw["task"] == "sudoku" and raw["splits"]["test"]["files"] == ["test/part-00000.parquet"]
+
+
+def test_1k_setting_subsample_is_stable_and_records_k(tmp_path, csv_rows):
+    """The papers' "1k" setting in small: a seeded subsample of N distinct train puzzles, with the
+    K augmentations it is meant for recorded in the metadata (and checked by the stream)."""
+    import warnings
+
+    from urm_ray.data import stream
+    from urm_ray.data.config import DataConfig
+
+    train_csv = _write_csv(tmp_path / "train.csv", csv_rows[:6])
+    test_csv = _write_csv(tmp_path / "test.csv", csv_rows[6:])
+    picks = {}
+    for name, seed in (("a", 0), ("b", 0), ("c", 3)):
+        meta = sudoku.build_from_csv(tmp_path / name, train_csv, test_csv, subsample=3, seed=seed,
+                                     num_augmentations=101)
+        train = store.read_split(tmp_path / name, "train")
+        picks[name] = train["puzzle_index"].tolist()
+        questions = [csv_rows[i][0] for i in picks[name]]  # rows are the source rows, unchanged
+        assert ["".join("." if t == 1 else str(t - 1) for t in row) == q.replace("0", ".")
+                for row, q in zip(train["inputs"], questions)] == [True] * 3
+    assert picks["a"] == picks["b"] and picks["a"] != picks["c"]
+    assert picks["a"] == sorted(set(picks["a"])) and set(picks["a"]) <= set(range(6))
+    assert meta.build["arguments"]["num_augmentations"] == 101 and meta.build["seed"] == 3
+    with pytest.warns(UserWarning, match="built for 101 augmentations"):
+        stream.warn_if_not_intended(DataConfig(path="x", num_augmentations=8), meta)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stream.warn_if_not_intended(DataConfig(path="x", num_augmentations=101), meta)
+    with pytest.raises(ConfigError, match="num_augmentations=-1"):
+        sudoku.build_from_csv(tmp_path / "d", train_csv, test_csv, num_augmentations=-1)
+
+
+def test_cli_records_num_augmentations(tmp_path):
+    from urm_ray.cli import main
+
+    out = tmp_path / "s"
+    assert main(["data", "sudoku", "--out", str(out), "--size", "4", "--num-train", "20",
+                 "--num-test", "5", "--num-augmentations", "16"]) == 0
+    assert store.read_metadata(out).build["arguments"]["num_augmentations"] == 16
+
+
+def test_csv_streams_in_blocks_with_global_row_numbers(tmp_path, csv_rows, monkeypatch):
+    """Small blocks (a few rows each) give the same dataset as one block, and a bad row in a
+    later block is named by its row in the file."""
+    many = csv_rows[:6] * 3  # 18 rows, repeats dropped by the dedup across blocks
+    train_csv = _write_csv(tmp_path / "train.csv", many)
+    test_csv = _write_csv(tmp_path / "test.csv", csv_rows[6:])
+    sudoku.build_from_csv(tmp_path / "one", train_csv, test_csv, subsample=4, seed=1)
+    monkeypatch.setattr(sudoku, "CSV_BLOCK_BYTES", 700)  # about 3 rows per block
+    blocks = list(sudoku.iter_sudoku_csv(train_csv, 9, sudoku.CSV_BLOCK_BYTES))
+    assert len(blocks) > 3 and [b[0] for b in blocks] == sorted(b[0] for b in blocks)
+    meta = sudoku.build_from_csv(tmp_path / "many", train_csv, test_csv, subsample=4, seed=1)
+    one, streamed = (store.read_split(tmp_path / d, "train") for d in ("one", "many"))
+    assert all(np.array_equal(one[k], streamed[k]) for k in store.COLUMNS)
+    assert meta.build["arguments"]["train_repeats_dropped"] == 12
+    lines = train_csv.read_text().splitlines()
+    lines[14] = _bad_line(*many[13], "letter")  # data row 14, in a later block
+    train_csv.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"row 14 \(line 15\): question has 'x' at cell 0"):
+        sudoku.build_from_csv(tmp_path / "bad", train_csv, test_csv)
+    assert not (tmp_path / "bad").exists()

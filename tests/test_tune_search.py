@@ -106,7 +106,7 @@ def test_multi_objective_study_with_derived_compute(tmp_path: Path):
     searcher = SweepSearch(space, storage, "mo", make_sampler(space))
     config = searcher.suggest("a")
     searcher.suggest("b")
-    reported = {"eval/exact_accuracy": 0.9, "eval/q_halt_segments": 2.0, "step": 400}
+    reported = {"eval/exact_accuracy": 0.9, "eval/q_halt_segments": 2.0, "step": 1000}  # full length
     metrics = DerivedReport.with_derived(space, config, reported)
     assert metrics["compute/passes_per_puzzle"] == 2.0 * config["model.loops"]
     searcher.on_trial_result("a", metrics)  # no intermediate values in multi-objective studies

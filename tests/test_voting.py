@@ -71,10 +71,18 @@ def test_sampled_evaluation_of_gram_counts_distinct_answers():
     torch.manual_seed(0)
     model = build_model(GRAMConfig(**TINY), TASK).eval()
     batch = _batch(rows=2)
-    accept_all = lambda answers: torch.ones(answers.shape[0], dtype=torch.bool)  # noqa: E731
+    seen_inputs = []
+
+    def accept_all(answers, inputs, labels):
+        seen_inputs.append(inputs)
+        return torch.ones(answers.shape[0], dtype=torch.bool)
+
     sums = evaluate_sampled(model, batch, num_samples=6, verifier=accept_all)
     answers, _ = sample_answers(model, batch, num_samples=6)
     assert sums["valid"] == 2 and sums["sample_valid"] == 2
+    # the verifier sees each sample's own input: sample-major repeats of the batch's inputs
+    assert torch.equal(seen_inputs[0], batch["inputs"].repeat(6, 1))
+    assert torch.equal(seen_inputs[1], batch["inputs"])
     assert 2 < sums["coverage"] <= 12  # the untrained prior's noise spreads the samples
     metrics = summarize_sampled(sums)
     assert metrics["eval/coverage"] == float(sums["coverage"]) / 2 and metrics["eval/vote_valid"] == 1.0
@@ -94,3 +102,38 @@ def test_generate_unconditional_from_a_blank_board():
     boards = generate_unconditional(model, num_samples=5)
     assert boards.shape == (5, TASK.seq_len) and boards.dtype == torch.long
     assert valid_queens_mask(boards.numpy(), 4).shape == (5,)
+
+
+def test_evaluate_batch_counts_verifier_accepted_answers():
+    from urm_ray.train.evaluate import evaluate_batch, summarize
+
+    model = build_model(TRMConfig(**{k: v for k, v in TINY.items() if k != "latent_dim"}), TASK).eval()
+    batch = _batch(rows=3)
+    plain = evaluate_batch(model, batch)
+    assert plain["valid"] == plain["exact"]  # without a verifier, valid means exact
+    answers = sample_answers(model, batch, num_samples=1)[0][0]  # [B, L] the model's answers
+    first_row = lambda answers, inputs, labels: torch.tensor([True, False, False])  # noqa: E731
+    judged = evaluate_batch(model, batch, verifier=first_row)
+    assert judged["valid"] == 1 and judged["exact"] == plain["exact"]
+    seen = []
+    evaluate_batch(model, batch, verifier=lambda a, i, l: seen.append((a, i, l)) or torch.ones(3, dtype=torch.bool))
+    assert torch.equal(seen[0][0], answers) and seen[0][1] is batch["inputs"]
+    assert summarize(judged)["eval/valid_accuracy"] == pytest.approx(1 / 3)
+
+
+def test_held_out_metrics_add_the_vote_and_coverage_only_when_sampling():
+    from urm_ray.train.evaluate import held_out_metrics
+
+    torch.manual_seed(0)
+    model = build_model(GRAMConfig(**TINY), TASK).eval()
+    batches = lambda: iter([_batch(rows=3), _batch(rows=2)])  # noqa: E731
+    plain = held_out_metrics(model, batches)
+    assert plain["eval/rows"] == 5 and "eval/coverage" not in plain
+    accept_all = lambda answers, inputs, labels: torch.ones(answers.shape[0], dtype=torch.bool)  # noqa: E731
+    sampled = held_out_metrics(model, batches, num_samples=4, verifier=accept_all)
+    assert set(plain) < set(sampled) and sampled["eval/rows"] == 5
+    assert sampled["eval/vote_valid"] == 1.0 and 1.0 < sampled["eval/coverage"] <= 4.0
+    assert sampled["eval/valid_accuracy"] == 1.0  # the deterministic pass is judged too
+    halved = held_out_metrics(model, batches, num_samples=4, verifier=accept_all,
+                              reduce=lambda sums: {k: v / 2 for k, v in sums.items()})
+    assert halved["eval/rows"] == 2.5  # the reduction is applied to the sums, before dividing

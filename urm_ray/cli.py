@@ -1,9 +1,12 @@
 """The ``urm-ray`` command line.
 
     urm-ray presets                               list the shipped training configs
-    urm-ray data sudoku --out data/s4 --size 4    build a dataset (Parquet + metadata.json)
+    urm-ray data sudoku --out data/s4 --size 4    build a dataset (Parquet + metadata.json);
+                                                  also: data maze, data nqueens, data coloring
+    urm-ray data arc --source ARC_DIR --out data/arc1      ARC-AGI from Kaggle or per-task JSON
     urm-ray train sudoku4-urm model.loops=8       train (or resume) one run on Ray Train
     urm-ray eval runs/<name>/checkpoint_...       evaluate a checkpoint on its held-out split
+                                                  (ARC: augmentation voting, pass@k; to MLflow)
     urm-ray sweep quickstart trials=8             hyperparameter sweep (Tune + Optuna + ASHA)
     urm-ray sweep --resume NAME                   continue an interrupted sweep
     urm-ray best NAME                             print and export a sweep's best config
@@ -17,6 +20,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from urm_ray.errors import ConfigError, DataError
 
@@ -40,10 +44,32 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from urm_ray.train.offline import evaluate_checkpoint
+    from urm_ray.train import offline
 
-    metrics = evaluate_checkpoint(args.checkpoint, split=args.split, max_rows=args.max_rows)
-    print(json.dumps(metrics, indent=2))
+    if not offline.is_arc(args.checkpoint):
+        metrics = offline.evaluate_checkpoint(args.checkpoint, split=args.split,
+                                              max_rows=args.max_rows)
+        print(json.dumps(metrics, indent=2))
+        return
+    report = offline.evaluate_arc_checkpoint(
+        args.checkpoint, split=args.split, num_augmentations=args.augmentations,
+        halt_early=args.halt_early, pass_ks=args.pass_k, max_pairs=args.max_rows,
+    )
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    if args.mlflow:
+        run_id = offline.log_to_mlflow(args.checkpoint, report["split"], report["metrics"],
+                                       report["step"], report, args.tracking_uri)
+        report["mlflow_run_id"] = run_id
+    print(json.dumps({k: v for k, v in report.items() if k != "tasks"}, indent=2))
+
+
+def _data_arc(args: argparse.Namespace) -> None:
+    from urm_ray.data.tasks import arc
+
+    meta = arc.build(args.out, args.source, subsets=args.subsets, test_set=args.test_set,
+                     prefix=args.prefix, overwrite=args.overwrite)
+    print(f"wrote {args.out}: {meta.build['num_tasks']} tasks, pairs {meta.build['num_pairs']}")
 
 
 def _sweep(args: argparse.Namespace) -> None:
@@ -93,14 +119,85 @@ def _data_sudoku(args: argparse.Namespace) -> None:
     if args.train_csv:
         sudoku.build_from_csv(
             args.out, args.train_csv, args.test_csv, size=args.size, subsample=args.subsample,
-            seed=args.seed,
+            seed=args.seed, num_augmentations=args.num_augmentations,
         )
     else:
         sudoku.build_generated(
             args.out, size=args.size, num_train=args.num_train, num_test=args.num_test,
-            blanks=args.blanks, seed=args.seed,
+            blanks=args.blanks, seed=args.seed, num_augmentations=args.num_augmentations,
         )
     print(f"wrote {args.out}")
+
+
+def _data_maze(args: argparse.Namespace) -> None:
+    from urm_ray.data.tasks import maze
+
+    if bool(args.train_csv) != bool(args.test_csv):
+        raise ConfigError("--train-csv and --test-csv go together")
+    if args.train_csv:
+        maze.build_from_csv(args.out, args.train_csv, args.test_csv)
+        print(f"wrote {args.out}")
+        return
+    maze.build_generated(
+        args.out, n=args.size, num_train=args.num_train, num_test=args.num_test,
+        min_path=args.min_path, max_path=args.max_path, loop_prob=args.loop_prob,
+        unique_path=args.unique_path, seed=args.seed,
+    )
+    print(f"wrote {args.out}")
+
+
+def _data_nqueens(args: argparse.Namespace) -> None:
+    from urm_ray.data.tasks import nqueens
+
+    nqueens.build_unconditional(args.out, n=args.size, repeats=args.repeats)
+    print(f"wrote {args.out}")
+
+
+def _data_coloring(args: argparse.Namespace) -> None:
+    from urm_ray.data.tasks import coloring
+
+    coloring.build_generated(
+        args.out, n=args.nodes, colors=args.colors, num_train=args.num_train,
+        num_test=args.num_test, edge_prob=args.edge_prob, seed=args.seed,
+    )
+    print(f"wrote {args.out}")
+
+
+def _add_data_parsers(data: argparse._SubParsersAction) -> None:
+    m = data.add_parser("maze", help="generate n x n mazes labelled with their shortest path")
+    m.add_argument("--out", required=True, help="dataset folder to create")
+    m.add_argument("--size", type=int, default=30, help="maze side n (the papers: 30)")
+    m.add_argument("--num-train", type=int, default=1000)
+    m.add_argument("--num-test", type=int, default=1000)
+    m.add_argument("--min-path", type=int, default=110,
+                   help="hardness filter: keep mazes whose shortest path has >= this many moves")
+    m.add_argument("--max-path", type=int, default=0, help="and <= this many (0 = no limit)")
+    m.add_argument("--loop-prob", type=float, default=0.03,
+                   help="chance to knock down each wall between two rooms (more routes)")
+    m.add_argument("--unique-path", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep only mazes with a single shortest path (default: yes)")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--train-csv", help="convert the official maze CSV (source,question,answer,"
+                                       "rating; cells '# SGo') instead of generating")
+    m.add_argument("--test-csv", help="held-out CSV (with --train-csv)")
+    m.set_defaults(func=_data_maze)
+
+    q = data.add_parser("nqueens", help="every n-queens solution as labels of the empty board")
+    q.add_argument("--out", required=True, help="dataset folder to create")
+    q.add_argument("--size", type=int, default=8, help="board side n")
+    q.add_argument("--repeats", type=int, default=64, help="copies of each solution in train")
+    q.set_defaults(func=_data_nqueens)
+
+    c = data.add_parser("coloring", help="random k-colourable graphs (planted colouring)")
+    c.add_argument("--out", required=True, help="dataset folder to create")
+    c.add_argument("--nodes", type=int, default=12)
+    c.add_argument("--colors", type=int, default=3)
+    c.add_argument("--edge-prob", type=float, default=0.4,
+                   help="chance of an edge between two nodes of different planted colours")
+    c.add_argument("--num-train", type=int, default=5000)
+    c.add_argument("--num-test", type=int, default=500)
+    c.add_argument("--seed", type=int, default=0)
+    c.set_defaults(func=_data_coloring)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -118,7 +215,17 @@ def _parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder on its held-out split")
     ev.add_argument("checkpoint")
     ev.add_argument("--split", default="", help="split to evaluate (default: data.eval_split)")
-    ev.add_argument("--max-rows", type=int, default=0, help="0 = all rows")
+    ev.add_argument("--max-rows", type=int, default=0, help="0 = all rows (ARC: test pairs)")
+    ev.add_argument("--augmentations", type=int, default=0,
+                    help="ARC: augmented versions voted per test pair (0 = data.num_augmentations)")
+    ev.add_argument("--halt-early", action="store_true",
+                    help="ARC: take each answer where the Q-head halts; stop batches early")
+    ev.add_argument("--pass-k", type=int, nargs="+", default=[1, 2, 10, 100, 1000],
+                    help="ARC: report pass@k for these k")
+    ev.add_argument("--out", default="", help="ARC: write the full report (per task) as JSON")
+    ev.add_argument("--no-mlflow", dest="mlflow", action="store_false",
+                    help="ARC: do not log the evaluation to MLflow")
+    ev.add_argument("--tracking-uri", default="", help="MLflow URI (default: the run's)")
     ev.set_defaults(func=_eval)
 
     _sweep_parsers(sub)
@@ -134,7 +241,24 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--test-csv", help="held-out CSV (with --train-csv)")
     s.add_argument("--subsample", type=int, default=0, help="keep N training puzzles (1k setting)")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--num-augmentations", type=int, default=0,
+                   help="K augmentations per puzzle the dataset is meant for (recorded in"
+                        " metadata; train with data.num_augmentations=K); 0 = not set")
     s.set_defaults(func=_data_sudoku)
+    _add_data_parsers(data)
+
+    a = data.add_parser("arc", help="ARC-AGI from Kaggle-combined or per-task JSON files")
+    a.add_argument("--source", required=True,
+                   help="folder with <prefix>_<subset>_challenges.json / _solutions.json, or"
+                        " with one sub-folder of <task>.json files per subset")
+    a.add_argument("--out", required=True, help="dataset folder to create")
+    a.add_argument("--subsets", nargs="+", default=["training", "evaluation"],
+                   help="subsets to include (ARC-AGI-2: training2 evaluation2)")
+    a.add_argument("--test-set", default="evaluation",
+                   help="subset whose test pairs are held out (its demonstrations train)")
+    a.add_argument("--prefix", default="arc-agi", help="Kaggle file prefix")
+    a.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    a.set_defaults(func=_data_arc)
     return parser
 
 

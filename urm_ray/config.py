@@ -40,6 +40,9 @@ class TrainConfig:
     eval_every: int = 500  # steps between evaluations on the held-out split (0 = end only)
     eval_batch_size: int = 512
     eval_max_rows: int = 0  # 0 = the whole held-out split
+    # K sampled trajectories per held-out row, majority-voted, with coverage (distinct valid
+    # answers) by the task's verifier: for stochastic models (GRAM). 0 = off
+    eval_samples: int = 0
     checkpoint_every: int = 500  # steps between checkpoints (0 = end only)
     keep_checkpoints: int = 2
     max_failures: int = 0  # worker-group restarts from the latest checkpoint after a crash
@@ -56,7 +59,7 @@ class TrainConfig:
         for key in ("steps", "global_batch_size", "num_workers", "log_every", "eval_batch_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must be >= 1")
-        for key in ("eval_every", "eval_max_rows", "checkpoint_every"):
+        for key in ("eval_every", "eval_max_rows", "eval_samples", "checkpoint_every"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must be >= 0")
         if self.global_batch_size % self.num_workers:

@@ -94,6 +94,60 @@ def sudoku(
     return _relabel(_gather_rows(inputs, src), lut), _relabel(_gather_rows(labels, src), lut)
 
 
+def dihedral_sources(n: int) -> np.ndarray:
+    """[8, n*n] int64: for each of the 8 symmetries of the n x n square, the source cell of every
+    output cell (row-major). Index 0 is the identity, 1-3 rotate by 90/180/270 degrees, 4 is the
+    transpose and 5-7 the transpose followed by those rotations."""
+    cells = np.arange(n * n).reshape(n, n)
+    views = [np.rot90(cells, k) for k in range(4)]
+    views += [np.rot90(cells.T, k) for k in range(4)]
+    return np.stack([v.reshape(-1) for v in views])
+
+
+def dihedral(
+    inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One of the 7 non-identity symmetries of the square grid per row, the same for input and
+    label (mazes: walls, start, goal and path move together; a shortest path stays shortest)."""
+    seq_len = inputs.shape[1]
+    n = math.isqrt(seq_len)
+    if n * n != seq_len:
+        raise DataError(f"dihedral augmentation: seq_len={seq_len} is not a square grid")
+    transform = 1 + (random_bits(keys, 1, salt=11)[:, 0] % np.uint64(7)).astype(np.int64)  # [B]
+    src = dihedral_sources(n)[transform]  # [B, L]
+    return _gather_rows(inputs, src), _gather_rows(labels, src)
+
+
+def coloring(
+    inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Graph colouring rows (see `tasks.coloring`): the nodes renamed by a random permutation
+    (rows and adjacency columns move together) and the colours renamed by a random permutation
+    of the colours 0..m, m the largest colour in the row (all k of them in a generated label)."""
+    from urm_ray.data.tasks.coloring import COLOR0_TOKEN, num_nodes
+
+    seq_len = inputs.shape[1]
+    n = num_nodes(seq_len)
+    perm = random_permutations(keys, n, salt=21)  # [B, n] source node of each output node
+    columns = np.concatenate([np.zeros((len(keys), 1), np.int64), perm + 1], axis=1)  # [B, n+1]
+    src = (perm[:, :, None] * (n + 1) + columns[:, None, :]).reshape(-1, seq_len)  # [B, L]
+    inputs, labels = _gather_rows(inputs, src), _gather_rows(labels, src)
+    top = np.maximum(inputs.max(axis=1), labels.max(axis=1)).astype(np.int64)  # [B]
+    num_colours = np.maximum(top - COLOR0_TOKEN + 1, 0)  # [B] colours 0..m in use
+    width = int(num_colours.max(initial=0))
+    if width == 0:
+        return inputs, labels
+    colour = np.arange(width, dtype=np.uint64)
+    draws = random_bits(keys, width, salt=23) >> np.uint64(1)  # [B, W] < 2^63
+    fixed = np.uint64(1 << 63) + colour  # colours above m sort last, in order: kept
+    order = np.argsort(
+        np.where(colour[None, :] < num_colours[:, None].astype(np.uint64), draws, fixed), axis=1
+    )  # [B, W]: the first m+1 entries permute 0..m
+    head = np.broadcast_to(np.arange(COLOR0_TOKEN), (len(keys), COLOR0_TOKEN))
+    lut = np.concatenate([head, order + COLOR0_TOKEN], axis=1)  # [B, 4 + W]
+    return _relabel(inputs, lut), _relabel(labels, lut)
+
+
 def identity(
     inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -101,7 +155,12 @@ def identity(
     return inputs, labels
 
 
-AUGMENTATIONS: dict[str, AugmentFn] = {"none": identity, "sudoku": sudoku}
+AUGMENTATIONS: dict[str, AugmentFn] = {
+    "none": identity,
+    "sudoku": sudoku,
+    "dihedral": dihedral,
+    "coloring": coloring,
+}
 
 
 def get_augmentation(name: str) -> AugmentFn:

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from urm_ray.data.tasks import sudoku
+from urm_ray.data.tasks import coloring, nqueens, sudoku
 from urm_ray.errors import ConfigError
 
 PREFIX = "builtin:"
@@ -24,6 +24,12 @@ RECIPES: dict[str, Callable[[Path], object]] = {
     # 6x6 Sudoku, 20 of 36 cells blank.
     "sudoku6": lambda out: sudoku.build_generated(
         out, size=6, num_train=10000, num_test=1000, blanks=20, seed=0
+    ),
+    # every 8-queens solution (92) as a label of the empty board, 64 copies each in train
+    "nqueens8": lambda out: nqueens.build_unconditional(out, n=8, repeats=64),
+    # 3-colourable graphs of 8 nodes (planted colouring, edge probability 0.5)
+    "coloring8": lambda out: coloring.build_generated(
+        out, n=8, colors=3, num_train=5000, num_test=500, edge_prob=0.5, seed=0
     ),
 }
 

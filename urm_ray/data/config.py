@@ -18,6 +18,7 @@ class DataConfig:
     shuffle_seed: int = 0  # seed of the augmentations and of the row order inside blocks
     eval_split: str = "test"
     shuffle_buffer: int = 4096  # local shuffle buffer rows per worker
+    translate: bool = True  # ARC: shift each training pair on the 30x30 canvas (with augment)
 
     def __post_init__(self) -> None:
         if self.num_augmentations < 1:

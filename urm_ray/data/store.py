@@ -22,6 +22,7 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,14 +190,37 @@ def write_dataset(
     *,
     overwrite: bool = False,
     rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+    extra_files: dict[str, str] | None = None,
 ) -> DatasetMeta:
     """Validates `splits` against `meta` and writes the dataset folder atomically.
 
     `splits` maps a split name to the columns `COLUMNS` (inputs / labels [N, seq_len], ids [N]).
+    `extra_files` maps a file name to text written next to `metadata.json` (task-specific tables,
+    e.g. ARC's task list), inside the same atomic rename.
     Everything is written to a temporary folder next to `out_dir` and renamed at the end, so on
     error nothing is left behind. Returns `meta` with `splits` filled and the urm_ray version and
     time added to `build`.
     """
+    return write_dataset_chunks(
+        out_dir, {name: [cols] for name, cols in splits.items()}, meta,
+        overwrite=overwrite, rows_per_file=rows_per_file, extra_files=extra_files,
+    )
+
+
+def write_dataset_chunks(
+    out_dir: str | os.PathLike,
+    splits: dict[str, Iterable[dict[str, np.ndarray]]],
+    meta: DatasetMeta,
+    *,
+    overwrite: bool = False,
+    rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+    extra_files: dict[str, str] | None = None,
+) -> DatasetMeta:
+    """Like `write_dataset`, but each split is an iterable of column chunks, consumed one at a
+    time (e.g. a generator), so memory stays bounded by a chunk and one Parquet part.
+
+    Chunks are validated as they arrive; an error names the split and the row counted from the
+    split's start, and leaves nothing behind (the temporary folder is removed)."""
     out = Path(out_dir).resolve()
     if out.exists() and not overwrite:
         raise DataError(f"{out}: already exists; pass overwrite=True to replace it")
@@ -207,12 +231,27 @@ def write_dataset(
     for name in splits:
         if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
             raise DataError(f"split name {name!r} must be letters, digits, '_' or '-'")
-    columns = {name: _validated_split(name, cols, meta) for name, cols in splits.items()}
+    extra_files = extra_files or {}
+    for name in extra_files:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name == METADATA_FILE or name in splits:
+            raise DataError(f"extra file name {name!r} must be a plain file name, not a split"
+                            f" or {METADATA_FILE}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
-        meta = _write_parquet(tmp, columns, meta, rows_per_file)
+        infos = {
+            name: _write_split(tmp, name, chunks, meta, rows_per_file)
+            for name, chunks in splits.items()
+        }
+        build = {
+            **meta.build,
+            "urm_ray_version": __version__,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        meta = dataclasses.replace(meta, splits=infos, build=build, format_version=FORMAT_VERSION)
+        for name, text in extra_files.items():
+            (tmp / name).write_text(text)
         (tmp / METADATA_FILE).write_text(json.dumps(dataclasses.asdict(meta), indent=2) + "\n")
         _move_into_place(tmp, out, overwrite)
     finally:
@@ -220,7 +259,83 @@ def write_dataset(
     return meta
 
 
-def _validated_split(split: str, cols: dict[str, Any], meta: DatasetMeta) -> dict[str, np.ndarray]:
+def _write_split(
+    tmp: Path,
+    split: str,
+    chunks: Iterable[dict[str, np.ndarray]],
+    meta: DatasetMeta,
+    rows_per_file: int,
+) -> SplitInfo:
+    """Writes the chunks of one split as parts of `rows_per_file` rows (at least one part)."""
+    (tmp / split).mkdir()
+    files: list[str] = []
+    writer: pq.ParquetWriter | None = None
+    in_file = num_rows = 0
+    for chunk in chunks:
+        cols = _validated_split(split, chunk, meta, offset=num_rows)
+        start, length = 0, len(cols["inputs"])
+        while start < length:
+            if writer is None or in_file == rows_per_file:
+                if writer is not None:
+                    writer.close()
+                files.append(f"{split}/part-{len(files):05d}.parquet")
+                writer, in_file = None, 0
+            take = min(rows_per_file - in_file, length - start)
+            table = numpy_to_arrow({c: a[start : start + take] for c, a in cols.items()})
+            if writer is None:
+                writer = pq.ParquetWriter(tmp / files[-1], table.schema, compression="zstd")
+            writer.write_table(table, row_group_size=65536)
+            start, in_file, num_rows = start + take, in_file + take, num_rows + take
+    if writer is not None:
+        writer.close()
+    if not files:  # an empty split still gets one (empty) file with the right schema
+        files.append(f"{split}/part-00000.parquet")
+        empty = _validated_split(split, _empty_columns(meta), meta)
+        pq.write_table(numpy_to_arrow(empty), tmp / files[0], compression="zstd")
+    return SplitInfo(num_rows=num_rows, files=files)
+
+
+def _empty_columns(meta: DatasetMeta) -> dict[str, np.ndarray]:
+    return {
+        "inputs": np.zeros((0, meta.seq_len), np.int64),
+        "labels": np.zeros((0, meta.seq_len), np.int64),
+        "puzzle_identifiers": np.zeros(0, np.int64),
+        "puzzle_index": np.zeros(0, np.int64),
+    }
+
+
+def split_chunk_stream(
+    chunks: Iterator[tuple[np.ndarray, np.ndarray]], sizes: dict[str, int]
+) -> dict[str, Iterator[dict[str, np.ndarray]]]:
+    """Cuts one stream of generated (inputs, labels) chunks into consecutive splits of `sizes`
+    rows, in dict order, as column chunks for `write_dataset_chunks` (which consumes the splits
+    in that order). Every row gets puzzle identifier 0; `puzzle_index` counts from 0 per split.
+    The stream must hold at least sum(sizes) rows."""
+    leftover: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def take(count: int) -> Iterator[dict[str, np.ndarray]]:
+        index = 0
+        while index < count:
+            inputs, labels = leftover.pop() if leftover else next(chunks)
+            rest = count - index
+            if len(inputs) > rest:
+                leftover.append((inputs[rest:], labels[rest:]))
+                inputs, labels = inputs[:rest], labels[:rest]
+            yield {
+                "inputs": inputs,  # [C, L]
+                "labels": labels,  # [C, L]
+                "puzzle_identifiers": np.zeros(len(inputs), np.int32),  # [C]
+                "puzzle_index": np.arange(index, index + len(inputs), dtype=np.int64),  # [C]
+            }
+            index += len(inputs)
+
+    return {name: take(count) for name, count in sizes.items()}
+
+
+def _validated_split(
+    split: str, cols: dict[str, Any], meta: DatasetMeta, offset: int = 0
+) -> dict[str, np.ndarray]:
+    """Columns checked and cast to the stored dtypes; errors count rows from `offset`."""
     missing = [c for c in COLUMNS if c not in cols]
     extra = sorted(set(cols) - set(COLUMNS))
     if missing or extra:
@@ -228,7 +343,7 @@ def _validated_split(split: str, cols: dict[str, Any], meta: DatasetMeta) -> dic
             f"split {split!r}: columns missing {missing}, unexpected {extra};"
             f" expected {list(COLUMNS)}"
         )
-    out = {c: _sequence_matrix(split, c, cols[c], meta.seq_len) for c in SEQUENCE_COLUMNS}
+    out = {c: _sequence_matrix(split, c, cols[c], meta.seq_len, offset) for c in SEQUENCE_COLUMNS}
     out["puzzle_identifiers"] = _id_vector(split, "puzzle_identifiers", cols["puzzle_identifiers"])
     out["puzzle_index"] = _id_vector(split, "puzzle_index", cols["puzzle_index"])
     num_rows = len(out["inputs"])
@@ -237,10 +352,13 @@ def _validated_split(split: str, cols: dict[str, Any], meta: DatasetMeta) -> dic
             raise DataError(
                 f"split {split!r}: column {name!r} has {arr.shape[0]} rows, 'inputs' has {num_rows}"
             )
-    _check_range(split, "inputs", out["inputs"], 0, meta.vocab_size)
-    _check_range(split, "labels", out["labels"], 0, meta.vocab_size, meta.ignore_label)
+    _check_range(split, "inputs", out["inputs"], 0, meta.vocab_size, offset=offset)
     _check_range(
-        split, "puzzle_identifiers", out["puzzle_identifiers"], 0, meta.num_puzzle_identifiers
+        split, "labels", out["labels"], 0, meta.vocab_size, meta.ignore_label, offset=offset
+    )
+    _check_range(
+        split, "puzzle_identifiers", out["puzzle_identifiers"], 0, meta.num_puzzle_identifiers,
+        offset=offset,
     )
     seq_dtype = token_dtype(meta.vocab_size, meta.ignore_label)
     return {
@@ -251,12 +369,14 @@ def _validated_split(split: str, cols: dict[str, Any], meta: DatasetMeta) -> dic
     }
 
 
-def _sequence_matrix(split: str, column: str, rows: Any, seq_len: int) -> np.ndarray:
+def _sequence_matrix(
+    split: str, column: str, rows: Any, seq_len: int, offset: int = 0
+) -> np.ndarray:
     """[N, seq_len] integer matrix from an array or a list of rows; names the first bad row."""
     if isinstance(rows, np.ndarray) and rows.dtype != object and rows.ndim == 2:
         if rows.shape[1] != seq_len:
             raise DataError(
-                f"split {split!r} row 0: {column} has length {rows.shape[1]},"
+                f"split {split!r} row {offset}: {column} has length {rows.shape[1]},"
                 f" expected seq_len={seq_len}"
             )
         matrix = rows
@@ -264,7 +384,7 @@ def _sequence_matrix(split: str, column: str, rows: Any, seq_len: int) -> np.nda
         for i, row in enumerate(rows):
             if np.ndim(row) != 1 or len(row) != seq_len:
                 raise DataError(
-                    f"split {split!r} row {i}: {column} has shape {np.shape(row)},"
+                    f"split {split!r} row {offset + i}: {column} has shape {np.shape(row)},"
                     f" expected ({seq_len},)"
                 )
         matrix = np.asarray(list(rows)).reshape(-1, seq_len)
@@ -284,7 +404,13 @@ def _id_vector(split: str, column: str, values: Any) -> np.ndarray:
 
 
 def _check_range(
-    split: str, column: str, values: np.ndarray, lo: int, hi: int, allowed: int | None = None
+    split: str,
+    column: str,
+    values: np.ndarray,
+    lo: int,
+    hi: int,
+    allowed: int | None = None,
+    offset: int = 0,
 ) -> None:
     """Every value in [lo, hi) or == allowed; DataError naming the first bad row."""
     bad = (values < lo) | (values >= hi)
@@ -295,30 +421,9 @@ def _check_range(
         extra = f" or {allowed}" if allowed is not None else ""
         value = np.atleast_1d(values[row])[np.atleast_1d(bad[row])][0]
         raise DataError(
-            f"split {split!r} row {row}: {column} has value {value} outside [{lo}, {hi}){extra}"
+            f"split {split!r} row {offset + row}: {column} has value {value} outside"
+            f" [{lo}, {hi}){extra}"
         )
-
-
-def _write_parquet(
-    tmp: Path, columns: dict[str, dict[str, np.ndarray]], meta: DatasetMeta, rows_per_file: int
-) -> DatasetMeta:
-    infos = {}
-    for split, cols in columns.items():
-        (tmp / split).mkdir()
-        num_rows = len(cols["inputs"])
-        files = []
-        for part, start in enumerate(range(0, max(num_rows, 1), rows_per_file)):
-            rel = f"{split}/part-{part:05d}.parquet"
-            table = numpy_to_arrow({c: a[start : start + rows_per_file] for c, a in cols.items()})
-            pq.write_table(table, tmp / rel, compression="zstd", row_group_size=65536)
-            files.append(rel)
-        infos[split] = SplitInfo(num_rows=num_rows, files=files)
-    build = {
-        **meta.build,
-        "urm_ray_version": __version__,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    return dataclasses.replace(meta, splits=infos, build=build, format_version=FORMAT_VERSION)
 
 
 def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:

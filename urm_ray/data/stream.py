@@ -5,6 +5,9 @@
            each puzzle becomes `num_augmentations` rows (aug index 0 = original), augmented with the
            dataset's augmentation, deterministic per (puzzle_index, aug_index, shuffle_seed), and
            put in a seeded order inside the block
+    ARC instead: range(blocks) -> map_batches(a block of aug indices applied to every stored
+           pair, see `arc_augment`): one transform per (task, aug index), one puzzle identifier
+           per augmented task, grids translated on the canvas
       -> iter_torch_batches(local shuffle seeded by (seed, epoch))
 
 Batches are dicts of tensors: inputs int32 [B, L], labels int64 [B, L], puzzle_identifiers int32
@@ -18,6 +21,7 @@ in any case.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -27,9 +31,13 @@ import pyarrow as pa
 import ray.data
 from ray.data.collate_fn import NumpyBatchCollateFn
 
+from urm_ray.data import arc_augment
 from urm_ray.data.augment import augment_batch, get_augmentation
 from urm_ray.data.config import DataConfig
-from urm_ray.data.store import DatasetMeta, arrow_to_numpy, read_metadata, split_paths
+from urm_ray.data.store import (
+    DatasetMeta, arrow_to_numpy, read_metadata, read_split, split_paths,
+)
+from urm_ray.data.tasks import arc
 from urm_ray.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -40,6 +48,8 @@ MAP_BATCH_PUZZLES = 4096
 # Ray merges a task's outputs into blocks up to this size before passing them on; its 128 MiB
 # default made the first training batch wait for ~700k augmented Sudoku rows.
 BLOCK_BYTES = 8 * 2**20
+# ARC: augmented rows per map task (a block of aug indices times every stored pair)
+ARC_ROWS_PER_BLOCK = 16384
 
 
 def load_meta(cfg: DataConfig) -> DatasetMeta:
@@ -47,6 +57,26 @@ def load_meta(cfg: DataConfig) -> DatasetMeta:
     if not cfg.path:
         raise ConfigError("data.path is empty; expected a dataset folder with metadata.json")
     return read_metadata(cfg.path)
+
+
+def per_augmentation_identifiers(meta: DatasetMeta) -> bool:
+    """True when each (puzzle, aug index) has its own puzzle-embedding row (ARC)."""
+    return meta.augmentation == arc.AUGMENTATION
+
+
+def augmentation_slots(cfg: DataConfig) -> int:
+    """Augmentation indices per puzzle in training: data.num_augmentations, 1 without augment."""
+    return cfg.num_augmentations if cfg.augment else 1
+
+
+def puzzle_table_size(meta: DatasetMeta, cfg: DataConfig) -> int:
+    """Rows of the model's puzzle-embedding table for this dataset and data config.
+
+    ARC: 1 + tasks * slots (blank row 0, then one row per augmented task, as the official builder
+    numbers them); other tasks: the metadata's count."""
+    if per_augmentation_identifiers(meta):
+        return 1 + (meta.num_puzzle_identifiers - 1) * augmentation_slots(cfg)
+    return meta.num_puzzle_identifiers
 
 
 def ingest_options() -> ray.data.ExecutionOptions:
@@ -90,15 +120,77 @@ def _expand_augment(
     }
 
 
-def _originals(table: pa.Table) -> dict[str, np.ndarray]:
+def _aug_blocks(num_augmentations: int, per_block: int, seed: int) -> list[np.ndarray]:
+    """Aug indices 0..K-1 in a seeded order, cut into blocks of `per_block`."""
+    order = np.random.default_rng([seed, num_augmentations]).permutation(num_augmentations)
+    return [order[i : i + per_block] for i in range(0, num_augmentations, per_block)]
+
+
+def _augment_arc_block(
+    batch: dict[str, np.ndarray], stored: dict[str, np.ndarray], num_augmentations: int,
+    per_block: int, seed: int, tasks: arc.TaskTable, translate: bool,
+) -> dict[str, np.ndarray]:
+    """One block of aug indices applied to every stored row, in a seeded order."""
+    block = int(batch["id"][0])
+    augs = _aug_blocks(num_augmentations, per_block, seed)[block]
+    n = len(stored["inputs"])
+    order = np.random.default_rng([seed, block]).permutation(n * len(augs))  # [N*A]
+    rows, aug_index = order // len(augs), augs[order % len(augs)].astype(np.int32)
+    puzzle_index = stored["puzzle_index"][rows]
+    inputs, labels, identifiers = arc_augment.augment(
+        stored["inputs"][rows], stored["labels"][rows], stored["puzzle_identifiers"][rows],
+        puzzle_index, aug_index, seed, tasks, num_augmentations, translate)
+    return {"inputs": inputs, "labels": labels, "puzzle_identifiers": identifiers,
+            "puzzle_index": puzzle_index, "aug_index": aug_index}
+
+
+def _arc_train_dataset(cfg: DataConfig) -> ray.data.Dataset:
+    """ARC training rows, aug-index-major: the stored pairs are few (thousands) and K large (1000
+    in the papers), so each map task applies a block of aug indices to every stored pair; the
+    stream then mixes all tasks from the first batch on."""
+    stored = read_split(cfg.path, "train")
+    tasks = dataclasses.replace(arc.load_tasks(cfg.path), records=[])  # arrays only
+    per_block = max(1, ARC_ROWS_PER_BLOCK // max(len(stored["inputs"]), 1))
+    num_blocks = len(_aug_blocks(cfg.num_augmentations, per_block, cfg.shuffle_seed))
+    ds = ray.data.range(num_blocks, override_num_blocks=num_blocks)
+    ds.context.execution_options.preserve_order = True
+    ds.context.target_max_block_size = BLOCK_BYTES
+    ds.context.enable_progress_bars = False
+    kwargs = {"stored": stored, "num_augmentations": cfg.num_augmentations,
+              "per_block": per_block, "seed": cfg.shuffle_seed, "tasks": tasks,
+              "translate": cfg.translate}
+    return ds.map_batches(_augment_arc_block, batch_size=1, fn_kwargs=kwargs)
+
+
+def _originals(table: pa.Table, num_augmentations: int = 0) -> dict[str, np.ndarray]:
+    """Stored rows as aug index 0; with `num_augmentations` (ARC) their identifiers are those of
+    aug index 0 in a table of that many slots per task."""
     cols = arrow_to_numpy(table)
     cols["aug_index"] = np.zeros(len(table), np.int32)
+    if num_augmentations:
+        cols["puzzle_identifiers"] = arc_augment.identifiers_for(
+            cols["puzzle_identifiers"], cols["aug_index"], num_augmentations)
     return cols
+
+
+def warn_if_not_intended(cfg: DataConfig, meta: DatasetMeta) -> None:
+    """Warns when the dataset records the K it was built for (e.g. 1001 for the papers' "1k"
+    setting) and `data.num_augmentations` streams another number."""
+    intended = meta.build.get("arguments", {}).get("num_augmentations", 0)
+    if cfg.augment and intended and intended != cfg.num_augmentations:
+        warnings.warn(
+            f"{cfg.path} was built for {intended} augmentations per puzzle"
+            f" (metadata build.arguments.num_augmentations); data.num_augmentations="
+            f"{cfg.num_augmentations} streams a different number",
+            stacklevel=3,
+        )
 
 
 def train_dataset(cfg: DataConfig) -> ray.data.Dataset:
     """The training split; one pass yields every (puzzle, aug index) pair once."""
     meta = load_meta(cfg)
+    if cfg.augment and per_augmentation_identifiers(meta):
+        return _arc_train_dataset(cfg)
     augmentation = meta.augmentation if cfg.augment else "none"
     get_augmentation(augmentation)
     if cfg.augment and meta.augmentation == "none" and cfg.num_augmentations > 1:
@@ -107,6 +199,7 @@ def train_dataset(cfg: DataConfig) -> ray.data.Dataset:
             " repeats each puzzle unchanged",
             stacklevel=2,
         )
+    warn_if_not_intended(cfg, meta)
     num_augmentations = cfg.num_augmentations if cfg.augment else 1
     kwargs = {
         "augmentation": augmentation,
@@ -121,8 +214,10 @@ def train_dataset(cfg: DataConfig) -> ray.data.Dataset:
 def eval_dataset(cfg: DataConfig) -> ray.data.Dataset:
     """The original puzzles of `cfg.eval_split`, in stored order."""
     meta = load_meta(cfg)
+    slots = augmentation_slots(cfg) if per_augmentation_identifiers(meta) else 0
     return _read_split(cfg, meta, cfg.eval_split).map_batches(
-        _originals, batch_format="pyarrow", batch_size=MAP_BATCH_PUZZLES
+        _originals, batch_format="pyarrow", batch_size=MAP_BATCH_PUZZLES,
+        fn_kwargs={"num_augmentations": slots},
     )
 
 

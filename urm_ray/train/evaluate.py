@@ -20,12 +20,21 @@ from torch import nn
 from urm_ray.train.voting import coverage, majority_vote
 
 IGNORE = -100
-SUM_KEYS = ("rows", "exact", "tokens_correct", "tokens", "segments", "q_segments", "q_exact")
+SUM_KEYS = ("rows", "exact", "tokens_correct", "tokens", "segments", "q_segments", "q_exact", "valid")
+
+# (answers, inputs, labels) [N, L] tokens -> [N] bool, e.g. a task verifier
+# (``urm_ray.data.tasks.verify``) that accepts any valid solution.
+Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @torch.no_grad()
-def evaluate_batch(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Roll one batch through all ACT segments; returns per-metric sums (float64 scalars)."""
+def evaluate_batch(
+    model: nn.Module, batch: dict[str, torch.Tensor], verifier: Optional[Verifier] = None
+) -> dict[str, torch.Tensor]:
+    """Roll one batch through all ACT segments; returns per-metric sums (float64 scalars).
+
+    ``valid`` counts final answers that ``verifier`` accepts (any valid solution, for tasks with
+    several); without a verifier it equals ``exact``."""
     carry = model.initial_carry(batch)
     rows = batch["labels"].shape[0]
     q_segments = torch.zeros(rows, dtype=torch.long, device=batch["labels"].device)
@@ -43,8 +52,12 @@ def evaluate_batch(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str
     unset = q_segments == 0
     q_segments = torch.where(unset, segments, q_segments)
     q_exact = torch.where(unset, exact, q_exact)
+    valid = exact
+    if verifier is not None:
+        answers = outputs["logits"].argmax(-1)
+        valid = verifier(answers, batch["inputs"], batch["labels"]).to(exact.device)
     values = (rows, exact.sum(), tokens_correct.sum(), tokens.sum(), segments * rows,
-              q_segments.sum(), q_exact.sum())
+              q_segments.sum(), q_exact.sum(), valid.sum())
     return {k: torch.as_tensor(v, dtype=torch.float64) for k, v in zip(SUM_KEYS, values)}
 
 
@@ -60,11 +73,13 @@ def _answer_correctness(answers: torch.Tensor, labels: torch.Tensor) -> tuple[to
     return correct.sum(-1) == mask.sum(-1), correct.sum(-1), mask.sum(-1)
 
 
-def accumulate(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def accumulate(
+    model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], verifier: Optional[Verifier] = None
+) -> dict[str, torch.Tensor]:
     """Sum ``evaluate_batch`` over batches (sums, so ranks can all-reduce before dividing)."""
     totals = {k: torch.zeros((), dtype=torch.float64) for k in SUM_KEYS}
     for batch in batches:
-        for key, value in evaluate_batch(model, batch).items():
+        for key, value in evaluate_batch(model, batch, verifier).items():
             totals[key] += value.cpu()
     return totals
 
@@ -78,14 +93,30 @@ def summarize(totals: dict[str, torch.Tensor], prefix: str = "eval/") -> dict[st
         f"{prefix}mean_segments": float(totals["segments"]) / rows,
         f"{prefix}q_halt_segments": float(totals["q_segments"]) / rows,
         f"{prefix}q_halt_exact_accuracy": float(totals["q_exact"]) / rows,
+        # answers the task verifier accepts (any valid solution); = exact_accuracy without one
+        f"{prefix}valid_accuracy": float(totals["valid"]) / rows,
         f"{prefix}rows": float(totals["rows"]),
     }
 
 
+def held_out_metrics(
+    model: nn.Module, batches: Callable[[], Iterable[dict[str, torch.Tensor]]], num_samples: int = 0,
+    verifier: Optional[Verifier] = None,
+    reduce: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] = lambda sums: sums,
+) -> dict[str, float]:
+    """The evaluation a run reports: ``summarize`` of one pass over ``batches()`` (its
+    ``valid_accuracy`` judged by ``verifier``), plus, when
+    ``num_samples`` > 0, the majority vote over that many sampled trajectories and its coverage
+    (a second pass). ``reduce`` combines the sums across ranks before dividing."""
+    metrics = summarize(reduce(accumulate(model, batches(), verifier)))
+    if num_samples:
+        sampled = summarize_sampled(reduce(accumulate_sampled(model, batches(), num_samples, verifier)))
+        metrics = {**sampled, **metrics}
+    return metrics
+
+
 # --- sampled (stochastic-model) evaluation -------------------------------------------------------
 
-# Checks answers [N, L] (tokens) -> [N] bool, e.g. a task verifier that accepts any valid solution.
-Verifier = Callable[[torch.Tensor], torch.Tensor]
 SAMPLED_SUM_KEYS = ("rows", "exact", "tokens_correct", "tokens", "segments", "valid", "sample_valid",
                     "coverage")
 
@@ -132,12 +163,25 @@ def evaluate_sampled(
         accepted = _answer_correctness(answers.flatten(0, 1), labels.repeat(num_samples, 1))[0]
         voted_ok = exact
     else:
-        accepted, voted_ok = verifier(answers.flatten(0, 1)), verifier(voted)
+        inputs = batch["inputs"]
+        accepted = verifier(answers.flatten(0, 1), inputs.repeat(num_samples, 1),
+                            labels.repeat(num_samples, 1))  # sample-major, as ``answers``
+        voted_ok = verifier(voted, inputs, labels)
     accepted = accepted.to(labels.device, torch.bool).view(num_samples, -1)  # [K, B]
     rows = labels.shape[0]
     values = (rows, exact.sum(), tokens_correct.sum(), tokens.sum(), segments * rows, voted_ok.sum(),
               accepted.double().mean(0).sum(), coverage(answers, accepted).sum())
     return {k: torch.as_tensor(v, dtype=torch.float64) for k, v in zip(SAMPLED_SUM_KEYS, values)}
+
+
+def accumulate_sampled(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], num_samples: int,
+                       verifier: Optional[Verifier] = None) -> dict[str, torch.Tensor]:
+    """Sum ``evaluate_sampled`` over batches (sums, so ranks can all-reduce before dividing)."""
+    totals = {k: torch.zeros((), dtype=torch.float64) for k in SAMPLED_SUM_KEYS}
+    for batch in batches:
+        for key, value in evaluate_sampled(model, batch, num_samples, verifier).items():
+            totals[key] += value.cpu()
+    return totals
 
 
 def summarize_sampled(totals: dict[str, torch.Tensor], prefix: str = "eval/") -> dict[str, float]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -23,14 +23,14 @@ from torch import nn
 
 from urm_ray.config import RunConfig, TrainConfig, build_config
 from urm_ray.data import stream
-from urm_ray.data.tasks.verify import verifier_for
+from urm_ray.data.tasks.verify import Verifier, optional_verifier, verifier_for
 from urm_ray.losses import act_loss
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
 from urm_ray.tracking import Tracker, make_tracker
 from urm_ray.train import checkpoint
 from urm_ray.train.checkpoint import Position
-from urm_ray.train.evaluate import accumulate, summarize
+from urm_ray.train.evaluate import held_out_metrics
 from urm_ray.typed import to_dict
 
 
@@ -42,7 +42,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     torch.set_num_threads(_threads(cfg))
     torch.manual_seed(cfg.train.seed)  # identical init on every rank (DDP also broadcasts)
     meta = stream.load_meta(cfg.data)
-    task = TaskSpec(meta.vocab_size, meta.seq_len, meta.num_puzzle_identifiers)
+    task = TaskSpec(meta.vocab_size, meta.seq_len, stream.puzzle_table_size(meta, cfg.data))
     model = build_model(cfg.model, task)
     device = ray.train.torch.get_device()
     # DDP broadcasts rank 0's weights; the puzzle table is a buffer updated identically on every
@@ -57,6 +57,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     trainer = Trainer(cfg, model, wrapped, ema, optimizers, tracker, device, rank, world, meta.seq_len)
     if getattr(cfg.model, "halt_target", "label") == "verifier":
         trainer.verifier = verifier_for(meta.task, meta.seq_len)
+    trainer.eval_verifier = optional_verifier(meta.task, meta.seq_len)
     trainer.run(position)
 
 
@@ -100,7 +101,10 @@ class Trainer:
         self.local_batch = cfg.train.global_batch_size // world
         self.last_eval: dict[str, float] = {}
         # GRAM's halting target "a task verifier accepts it" (None = "equals the label")
-        self.verifier: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.verifier: Verifier | None = None
+        # judges held-out answers: eval/valid_accuracy and, with train.eval_samples > 0, the
+        # sampled answers' validity and coverage (None = "equals the label")
+        self.eval_verifier: Verifier | None = None
 
     def run(self, position: Position) -> None:
         cfg = self.cfg.train
@@ -152,7 +156,10 @@ class Trainer:
             carry, outputs = self.wrapped(carry, batch)
             halt_target = None
             if self.verifier is not None:
-                halt_target = self.verifier(outputs["logits"].detach().argmax(-1))
+                data = carry.current_data
+                halt_target = self.verifier(
+                    outputs["logits"].detach().argmax(-1), data["inputs"], data["labels"]
+                )
             loss, metrics = act_loss(
                 outputs, carry.current_data["labels"], carry.halted, carry.steps, self.cfg.train.loss,
                 halt_target=halt_target,
@@ -192,18 +199,19 @@ class Trainer:
 
     def _evaluate(self) -> dict[str, float]:
         shard = ray.train.get_dataset_shard("eval")
-        batches = (
-            {k: v.to(self.device) for k, v in b.items()}
-            for b in stream.iter_torch_batches(
+
+        def batches() -> Iterator[dict[str, torch.Tensor]]:
+            rows = stream.iter_torch_batches(
                 shard, self.cfg.train.eval_batch_size, epoch=0, seed=0, shuffle=False,
                 drop_last=False, buffer_rows=0,
             )
-        )
+            return ({k: v.to(self.device) for k, v in b.items()} for b in rows)
+
         model = self.ema.averaged_copy(self.model) if self.ema is not None else self.model
         model.eval()
         with self._autocast():
-            totals = accumulate(model, batches)
-        return summarize(self._all_reduce(totals))
+            return held_out_metrics(model, batches, self.cfg.train.eval_samples, self.eval_verifier,
+                                    reduce=self._all_reduce)
 
     def _report(self, position: Position, metrics: dict[str, float]) -> None:
         cfg = self.cfg.train

@@ -1,7 +1,13 @@
-"""Evaluate a saved checkpoint outside Ray Train (``urm-ray eval``), with its EMA weights."""
+"""Evaluate a saved checkpoint outside Ray Train (``urm-ray eval``), with its EMA weights.
+
+ARC datasets get augmentation voting and pass@k (``arc_eval``); the results go to MLflow as a run
+named ``<run_name>/eval-<split>``, nested under the training run when that run is found."""
 
 from __future__ import annotations
 
+import json
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -10,10 +16,12 @@ import torch
 
 from urm_ray.config import RunConfig, build_config
 from urm_ray.data import stream
+from urm_ray.data.tasks.verify import optional_verifier
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.optim import EMA
 from urm_ray.train import checkpoint
-from urm_ray.train.evaluate import accumulate, summarize
+from urm_ray.train.arc_eval import PASS_KS, evaluate_arc
+from urm_ray.train.evaluate import held_out_metrics
 
 
 def load_checkpoint(folder: str | Path) -> tuple[RunConfig, torch.nn.Module]:
@@ -21,22 +29,29 @@ def load_checkpoint(folder: str | Path) -> tuple[RunConfig, torch.nn.Module]:
 
     ``folder`` may be a URI (``s3://bucket/.../checkpoint_...``): it is downloaded first.
     """
+    cfg, model, _ = _load(folder)
+    return cfg, model
+
+
+def _load(folder: str | Path) -> tuple[RunConfig, torch.nn.Module, int]:
+    """(config, evaluation model, optimizer step of the checkpoint); ``folder`` may be a URI."""
     if "://" in str(folder):
         import ray.train
 
         with ray.train.Checkpoint(str(folder)).as_directory() as local:
-            return load_checkpoint(local)
+            return _load(local)
     folder = Path(folder)
     cfg = build_config(checkpoint.load_config_dict(folder))
     meta = stream.load_meta(cfg.data)
-    model = build_model(cfg.model, TaskSpec(meta.vocab_size, meta.seq_len, meta.num_puzzle_identifiers))
+    table_size = stream.puzzle_table_size(meta, cfg.data)
+    model = build_model(cfg.model, TaskSpec(meta.vocab_size, meta.seq_len, table_size))
     state = checkpoint.load_state(folder)
     model.load_state_dict(state["model"])
     if state["ema"] is not None:
         ema = EMA(model, state["ema"]["decay"])
         ema.load_state_dict(state["ema"])
         ema.copy_to(model)
-    return cfg, model.eval()
+    return cfg, model.eval(), int(state.get("position", {}).get("step", 0))
 
 
 def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0) -> dict[str, Any]:
@@ -46,8 +61,60 @@ def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0) 
     dataset = stream.eval_dataset(data_cfg)
     if max_rows:
         dataset = dataset.limit(max_rows)
-    batches = stream.iter_torch_batches(
-        dataset, cfg.train.eval_batch_size, epoch=0, seed=0, shuffle=False, drop_last=False,
-        buffer_rows=0,
-    )
-    return {"split": data_cfg.eval_split, **summarize(accumulate(model, batches))}
+    meta = stream.load_meta(cfg.data)
+
+    def batches() -> Iterator[dict[str, torch.Tensor]]:
+        return stream.iter_torch_batches(
+            dataset, cfg.train.eval_batch_size, epoch=0, seed=0, shuffle=False, drop_last=False,
+            buffer_rows=0,
+        )
+
+    metrics = held_out_metrics(model, batches, cfg.train.eval_samples,
+                               optional_verifier(meta.task, meta.seq_len))
+    return {"split": data_cfg.eval_split, **metrics}
+
+
+def is_arc(folder: str | Path) -> bool:
+    """The checkpoint was trained on an ARC dataset (per-augmentation puzzle identifiers)."""
+    cfg = build_config(checkpoint.load_config_dict(Path(folder)))
+    return stream.per_augmentation_identifiers(stream.load_meta(cfg.data))
+
+
+def evaluate_arc_checkpoint(folder: str | Path, split: str = "", num_augmentations: int = 0,
+                            halt_early: bool = False, pass_ks: Sequence[int] = PASS_KS,
+                            max_pairs: int = 0, batch_size: int = 0) -> dict[str, Any]:
+    """ARC pass@k by augmentation voting; {"split", "metrics", "tasks"} (see ``evaluate_arc``)."""
+    cfg, model, step = _load(folder)
+    split = split or cfg.data.eval_split
+    report = evaluate_arc(model, cfg.data, split, num_augmentations=num_augmentations,
+                          batch_size=batch_size or cfg.train.eval_batch_size,
+                          halt_early=halt_early, pass_ks=pass_ks, max_pairs=max_pairs)
+    return {"split": split, "step": step, **report}
+
+
+def log_to_mlflow(folder: str | Path, split: str, metrics: dict[str, float], step: int = 0,
+                  details: dict[str, Any] | None = None, tracking_uri: str = "") -> str | None:
+    """Logs an evaluation into MLflow; returns the run id (None when tracking is disabled).
+
+    The run is ``<run_name>/eval-<split>`` in the training run's experiment, tagged as a child of
+    the training run when it exists; metrics at the checkpoint's step; ``details`` as JSON."""
+    from urm_ray import tracking
+
+    cfg = build_config(checkpoint.load_config_dict(Path(folder)))
+    if not cfg.tracking.enabled and not tracking_uri:
+        return None
+    uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri)
+    run_name = cfg.train.run_name or Path(folder).resolve().parent.name
+    parent = tracking.find_run_id(uri, cfg.tracking.experiment, run_name)
+    tags = {tracking.PARENT_TAG: parent} if parent else {}
+    run_id = tracking.open_run(uri, cfg.tracking.experiment, f"{run_name}/eval-{split}",
+                               {"checkpoint": str(Path(folder).resolve()), "split": split}, tags)
+    tracking.log_metrics(uri, run_id, {k: v for k, v in metrics.items()
+                                       if isinstance(v, (int, float))}, step)
+    if details is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"eval-{split}.json"
+            path.write_text(json.dumps(details, indent=1))
+            tracking.log_artifact(uri, run_id, path)
+    tracking.close_run(uri, run_id)
+    return run_id

@@ -6,27 +6,32 @@ Every cell is supervised: labels are the solution's tokens. Splits "train" and "
 a question, not even with the digits renamed.
 
     build_generated("data/sudoku4", size=4, num_train=2000, num_test=200, blanks=9, seed=0)
-    build_from_csv("data/sudoku-extreme-1k", "train.csv", "test.csv", subsample=1000, seed=0)
+    build_from_csv("data/sudoku-extreme-1k", "train.csv", "test.csv", subsample=1000, seed=0,
+                   num_augmentations=1001)
+
+The papers' "1k" setting is `subsample=1000` (a seeded random 1000 of the distinct training
+puzzles) streamed with 1000 augmentations each plus the original: `num_augmentations=1001` is
+recorded in the metadata (`build.arguments.num_augmentations`) and the training config must ask
+for it (`data.num_augmentations: 1001`); the stream warns when they differ.
 """
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pa_csv
 
 from urm_ray.data.progress import Progress, logger
-from urm_ray.data.store import DatasetMeta, write_dataset
+from urm_ray.data.store import DatasetMeta, write_dataset, write_dataset_chunks
+from urm_ray.data.tasks.puzzle_csv import char_matrix, iter_csv_tables, where
 from urm_ray.data.tasks.sudoku_solver import geometry, make_puzzle, random_solution
 from urm_ray.errors import ConfigError, DataError
 
-CSV_COLUMNS = ("source", "question", "answer", "rating")
 BLANK_TOKEN = 1
 _CHUNK = 65536  # rows per vectorised step, to bound temporary memory
+CSV_BLOCK_BYTES = 8 * 2**20  # CSV text per streamed block (~50k Sudoku rows)
 
 
 def valid_solutions_mask(grids: np.ndarray, n: int) -> np.ndarray:
@@ -127,6 +132,14 @@ def _split_columns(
     }
 
 
+def _check_num_augmentations(num_augmentations: int) -> None:
+    if num_augmentations < 0:
+        raise ConfigError(
+            f"num_augmentations={num_augmentations} must be >= 0 (0 = unset, K >= 1 slots per"
+            " puzzle including the original)"
+        )
+
+
 def _meta(n: int, build: dict[str, Any]) -> DatasetMeta:
     return DatasetMeta(
         task="sudoku",
@@ -146,6 +159,7 @@ def build_generated(
     blanks: int,
     seed: int,
     *,
+    num_augmentations: int = 0,
     overwrite: bool = False,
     progress_every_s: float = 5.0,
 ) -> DatasetMeta:
@@ -164,71 +178,19 @@ def build_generated(
         "train": _split_columns(questions[:num_train], solutions[:num_train], np.arange(num_train)),
         "test": _split_columns(questions[num_train:], solutions[num_train:], np.arange(num_test)),
     }
-    args = {"size": size, "num_train": num_train, "num_test": num_test, "blanks": blanks}
+    _check_num_augmentations(num_augmentations)
+    args = {"size": size, "num_train": num_train, "num_test": num_test, "blanks": blanks,
+            "num_augmentations": num_augmentations}
     build = {"builder": "sudoku.build_generated", "arguments": args, "seed": seed, "source": None}
     return write_dataset(out_dir, splits, _meta(size, build), overwrite=overwrite)
 
 
-# CSV conversion. Sudoku-Extreme layout: source,question,answer,rating with '.' or '0' = blank.
-# Row R (1-based, header excluded) is line R + 1 of the file: empty lines count as (bad) rows.
+# CSV conversion. Sudoku-Extreme layout (see puzzle_csv): '.' or '0' = blank.
 
 
-def _where(path: Path, row: int) -> str:
-    return f"{path}: row {row} (line {row + 1})"
-
-
-def _read_csv_table(path: Path) -> pa.Table:
-    """The CSV as string columns; DataError naming the file and row of a malformed row."""
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    bad_rows: list[Any] = []
-
-    def on_invalid(row: Any) -> str:
-        bad_rows.append(row)
-        return "error"
-
-    parse = pa_csv.ParseOptions(invalid_row_handler=on_invalid, ignore_empty_lines=False)
-    convert = pa_csv.ConvertOptions(column_types={c: pa.string() for c in CSV_COLUMNS})
-    read = pa_csv.ReadOptions(use_threads=False)  # row numbers of bad rows need one thread
-    try:
-        table = pa_csv.read_csv(
-            path, read_options=read, parse_options=parse, convert_options=convert
-        )
-    except pa.ArrowInvalid as err:
-        if not bad_rows:
-            raise DataError(f"{path}: cannot parse CSV ({err})") from err
-        row = bad_rows[0]  # `number` is the 1-based line
-        raise DataError(
-            f"{_where(path, row.number - 1)}: malformed row with {row.actual_columns} columns,"
-            f" expected {row.expected_columns} ({','.join(CSV_COLUMNS)}): {row.text[:100]!r}"
-        ) from err
-    missing = [c for c in CSV_COLUMNS if c not in table.column_names]
-    if missing:
-        raise DataError(
-            f"{path}: missing column(s) {missing}; header is {table.column_names},"
-            f" expected {list(CSV_COLUMNS)}"
-        )
-    return table
-
-
-def _char_matrix(table: pa.Table, column: str, length: int, path: Path) -> np.ndarray:
-    """[N, length] uint8 bytes of a string column; DataError for the first row of another length."""
-    arr = table.column(column).combine_chunks()
-    lengths = pc.binary_length(arr).fill_null(-1).to_numpy(zero_copy_only=False)  # [N]
-    bad = np.flatnonzero(lengths != length)
-    if len(bad):
-        i = int(bad[0])
-        raise DataError(
-            f"{_where(path, i + 1)}: {column} has {max(lengths[i], 0)} characters,"
-            f" expected {length}"
-        )
-    fixed = arr.cast(pa.binary(length))
-    data = np.frombuffer(fixed.buffers()[1], dtype=np.uint8)
-    start = fixed.offset * length
-    return data[start : start + len(fixed) * length].reshape(len(fixed), length)
-
-
-def _digits(chars: np.ndarray, n: int, column: str, path: Path, allow_blank: bool) -> np.ndarray:
+def _digits(
+    chars: np.ndarray, n: int, column: str, path: Path, allow_blank: bool, offset: int = 0
+) -> np.ndarray:
     """Characters -> digits (0 = blank '.' or '0' if allowed); DataError for the first bad cell."""
     digits = chars.astype(np.int16) - ord("0")  # [N, L]
     if allow_blank:
@@ -238,41 +200,89 @@ def _digits(chars: np.ndarray, n: int, column: str, path: Path, allow_blank: boo
         row, cell = np.argwhere(~ok)[0]
         expected = f"'.', '0' or '1'..'{n}'" if allow_blank else f"'1'..'{n}'"
         raise DataError(
-            f"{_where(path, int(row) + 1)}: {column} has {chr(chars[row, cell])!r} at cell {cell},"
-            f" expected {expected}"
+            f"{where(path, offset + int(row) + 1)}: {column} has {chr(chars[row, cell])!r} at cell"
+            f" {cell}, expected {expected}"
         )
     return digits.astype(np.uint8)
 
 
-def _check_answers(questions: np.ndarray, answers: np.ndarray, n: int, path: Path) -> None:
+def _check_answers(
+    questions: np.ndarray, answers: np.ndarray, n: int, path: Path, offset: int = 0
+) -> None:
     """DataError for the first clue that differs from its answer or answer that breaks the rules."""
     contradicts = (questions != 0) & (questions != answers)  # [N, L]
     if contradicts.any():
         row, cell = np.argwhere(contradicts)[0]
         raise DataError(
-            f"{_where(path, int(row) + 1)}: question has {questions[row, cell]} at cell {cell}"
-            f" but the answer has {answers[row, cell]}"
+            f"{where(path, offset + int(row) + 1)}: question has {questions[row, cell]} at cell"
+            f" {cell} but the answer has {answers[row, cell]}"
         )
     for start in range(0, len(answers), _CHUNK):
         valid = valid_solutions_mask(answers[start : start + _CHUNK], n)
         if not valid.all():
+            row = offset + start + int(np.argmin(valid)) + 1
             raise DataError(
-                f"{_where(path, start + int(np.argmin(valid)) + 1)}: answer breaks the Sudoku rules"
+                f"{where(path, row)}: answer breaks the Sudoku rules"
                 " (a digit repeats in a row, column or box)"
             )
 
 
+def iter_sudoku_csv(
+    path: str | os.PathLike, n: int = 9, block_bytes: int | None = CSV_BLOCK_BYTES
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Streams validated (rows before the block, questions, answers) digit blocks [B, n*n] uint8
+    from a Sudoku-Extreme CSV; memory is bounded by one block of about `block_bytes` of text."""
+    path = Path(path)
+    for offset, table in iter_csv_tables(path, block_bytes):
+        question_chars = char_matrix(table, "question", n * n, path, offset)
+        answer_chars = char_matrix(table, "answer", n * n, path, offset)
+        questions = _digits(question_chars, n, "question", path, True, offset)
+        answers = _digits(answer_chars, n, "answer", path, False, offset)
+        _check_answers(questions, answers, n, path, offset)
+        yield offset, questions, answers
+
+
 def read_sudoku_csv(path: str | os.PathLike, n: int = 9) -> tuple[np.ndarray, np.ndarray]:
     """Validated (questions, answers) digit arrays [N, n*n] uint8 from a Sudoku-Extreme CSV."""
-    path, start = Path(path), time.monotonic()
-    table = _read_csv_table(path)
-    question_chars = _char_matrix(table, "question", n * n, path)
-    answer_chars = _char_matrix(table, "answer", n * n, path)
-    questions = _digits(question_chars, n, "question", path, allow_blank=True)
-    answers = _digits(answer_chars, n, "answer", path, allow_blank=False)
-    _check_answers(questions, answers, n, path)
-    logger.info("%s: %d puzzles read in %.1f s", path, len(questions), time.monotonic() - start)
-    return questions, answers
+    blocks = list(iter_sudoku_csv(path, n, block_bytes=None))
+    return blocks[0][1], blocks[0][2]
+
+
+def _hashed_keys(questions: np.ndarray, n: int) -> np.ndarray:
+    """[N] 16-byte keys, equal iff `canonical_keys` are (up to a 2^-64-scale hash collision):
+    two independent 64-bit multiply-add hashes of the relabelled grid, so the keys of millions of
+    puzzles fit in tens of MB."""
+    relabelled = canonical_keys(questions, n).view(np.uint8).reshape(len(questions), -1)
+    weights = np.random.default_rng(12345).integers(1, 2**63, size=(relabelled.shape[1], 2),
+                                                     dtype=np.uint64) | np.uint64(1)
+    hashes = np.zeros((len(questions), 2), np.uint64)
+    for cell in range(relabelled.shape[1]):  # wrapping uint64 arithmetic, one column at a time
+        hashes = hashes * np.uint64(31) + relabelled[:, cell, None].astype(np.uint64) * weights[cell]
+    return np.ascontiguousarray(hashes).view(np.dtype((np.void, 16))).reshape(-1)
+
+
+def _scan_keys(path: str | os.PathLike, n: int) -> np.ndarray:
+    """Pass 1 over a CSV: validates every row and returns the puzzles' hashed keys [N]."""
+    start = time.monotonic()
+    keys = [np.zeros(0, np.dtype((np.void, 16)))]
+    progress = Progress(f"{path} validate", 0)
+    for offset, questions, _ in iter_sudoku_csv(path, n, CSV_BLOCK_BYTES):
+        keys.append(_hashed_keys(questions, n))
+        progress.update(offset + len(questions))
+    keys = np.concatenate(keys)
+    logger.info("%s: %d puzzles checked in %.1f s", path, len(keys), time.monotonic() - start)
+    return keys
+
+
+def _selected_rows(
+    path: str | os.PathLike, n: int, index: np.ndarray
+) -> Iterator[dict[str, np.ndarray]]:
+    """Pass 2: the stored columns of the rows `index` (sorted data-row ids), block by block."""
+    for offset, questions, answers in iter_sudoku_csv(path, n, CSV_BLOCK_BYTES):
+        lo, hi = np.searchsorted(index, [offset, offset + len(questions)])
+        rows = index[lo:hi]
+        if len(rows):
+            yield _split_columns(questions[rows - offset], answers[rows - offset], rows)
 
 
 def build_from_csv(
@@ -283,17 +293,23 @@ def build_from_csv(
     size: int = 9,
     subsample: int = 0,
     seed: int = 0,
+    num_augmentations: int = 0,
     overwrite: bool = False,
 ) -> DatasetMeta:
     """Converts train / test CSVs into a dataset folder with splits "train" and "test".
 
     Train rows repeating a test question or an earlier train question (up to renaming digits) are
     dropped. `subsample=N` keeps a seeded random N of the remaining train puzzles (the papers'
-    "1k" setting; 0 keeps all). `puzzle_index` is the 0-based data row in the source CSV."""
+    "1k" setting; 0 keeps all). `puzzle_index` is the 0-based data row in the source CSV.
+    Streams: one pass validates every row and keeps a 16-byte key per puzzle, a second pass
+    writes the kept rows, so memory is a block of the CSV plus the keys (not the whole file).
+    `num_augmentations` (0 = unset) records the K the dataset is meant to be streamed with."""
     geometry(size)
-    test_q, test_a = read_sudoku_csv(test_csv, size)
-    train_q, train_a = read_sudoku_csv(train_csv, size)
-    keep = first_occurrence_mask(canonical_keys(train_q, size), canonical_keys(test_q, size))
+    _check_num_augmentations(num_augmentations)
+    test_keys = _scan_keys(test_csv, size)
+    train_keys = _scan_keys(train_csv, size)
+    keep = first_occurrence_mask(train_keys, test_keys)
+    del train_keys
     train_index = np.flatnonzero(keep)
     if subsample:
         if not 1 <= subsample <= len(train_index):
@@ -302,23 +318,25 @@ def build_from_csv(
             )
         rng = np.random.default_rng(seed)
         train_index = np.sort(rng.choice(train_index, subsample, replace=False))
-    splits = {
-        "train": _split_columns(train_q[train_index], train_a[train_index], train_index),
-        "test": _split_columns(test_q, test_a, np.arange(len(test_q))),
+    splits = {  # pass 2: only the kept rows are decoded into columns and written
+        "train": _selected_rows(train_csv, size, train_index),
+        "test": _selected_rows(test_csv, size, np.arange(len(test_keys))),
     }
     dropped = int((~keep).sum())
     logger.info(
-        "train: %d rows kept, %d repeats dropped; test: %d", len(train_index), dropped, len(test_q)
+        "train: %d rows kept, %d repeats dropped; test: %d", len(train_index), dropped,
+        len(test_keys),
     )
     args = {
         "size": size,
         "subsample": subsample,
-        "train_rows_read": len(train_q),
+        "train_rows_read": len(keep),
         "train_repeats_dropped": dropped,
+        "num_augmentations": num_augmentations,
     }
     source = {
         "train_csv": str(Path(train_csv).resolve()),
         "test_csv": str(Path(test_csv).resolve()),
     }
     build = {"builder": "sudoku.build_from_csv", "arguments": args, "seed": seed, "source": source}
-    return write_dataset(out_dir, splits, _meta(size, build), overwrite=overwrite)
+    return write_dataset_chunks(out_dir, splits, _meta(size, build), overwrite=overwrite)

@@ -1,0 +1,168 @@
+"""Graph colouring: random k-colourable graphs (planted colouring), a verifier, and a dataset.
+
+A graph of n nodes is laid out as n rows of n + 1 tokens, flattened row-major (seq_len =
+n * (n + 1)): row i is [colour slot of node i, adjacency of node i to nodes 0..n-1]. Tokens: PAD 0,
+no edge 1, edge 2, uncoloured slot 3, colour c -> 4 + c (vocab_size = 4 + k). Inputs have every
+slot uncoloured (a coloured input slot is a given that the answer must keep); labels hold one
+proper colouring in the slots and the ignore label on the adjacency cells, so the loss and the
+exact accuracy look at colours only. Many colourings are valid for one graph (at least the k!
+renamings of the planted one), so only the verifier can judge an answer: GRAM's multi-solution
+setting.
+
+Generation plants the colouring: each node gets a colour, balanced (every colour used when
+n >= k), and each pair of differently coloured nodes is joined with probability `edge_prob`.
+Graphs are distinct across both splits as adjacency matrices (not up to node renaming, which is
+what the augmentation does; for n >= 10 isomorphic repeats are very unlikely).
+
+    build_generated("data/coloring", n=12, colors=3, num_train=5000, num_test=500, edge_prob=0.4)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from urm_ray.data.progress import Progress
+from urm_ray.data.store import DatasetMeta, split_chunk_stream, write_dataset_chunks
+from urm_ray.errors import ConfigError, DataError
+
+PAD_TOKEN, NO_EDGE_TOKEN, EDGE_TOKEN, BLANK_TOKEN, COLOR0_TOKEN = range(5)
+IGNORE_LABEL = -100
+_CHUNK = 4096  # graphs drawn per vectorised generation step
+
+
+def num_nodes(seq_len: int) -> int:
+    """n with n * (n + 1) == seq_len; ConfigError if there is none."""
+    n = (math.isqrt(4 * seq_len + 1) - 1) // 2
+    if n < 1 or n * (n + 1) != seq_len:
+        raise ConfigError(f"coloring: seq_len={seq_len} is not n * (n + 1) for any n")
+    return n
+
+
+def valid_colorings_mask(answers: Any, inputs: Any, n: int) -> np.ndarray:
+    """[B] bool: each answer [B, n*(n+1)] gives every node a colour, keeps the input's given
+    colours, and gives adjacent nodes (edges read from the input) different colours. Adjacency
+    cells of the answer are ignored. The number of colours is bounded by the vocabulary."""
+    answers = np.asarray(answers).reshape(-1, n, n + 1)
+    inputs = np.asarray(inputs).reshape(-1, n, n + 1)
+    colour, given = answers[:, :, 0], inputs[:, :, 0]  # [B, n]
+    edges = inputs[:, :, 1:] == EDGE_TOKEN  # [B, n, n]
+    coloured = (colour >= COLOR0_TOKEN).all(axis=1)
+    keeps_givens = np.where(given >= COLOR0_TOKEN, colour == given, True).all(axis=1)
+    clash = edges & (colour[:, :, None] == colour[:, None, :])  # [B, n, n]
+    return coloured & keeps_givens & ~clash.any(axis=(1, 2))
+
+
+def is_proper_coloring(answer: Any, graph: Any, n: int) -> bool:
+    """True when `answer` (n*(n+1) tokens) properly colours the graph of input `graph`."""
+    answer, graph = np.asarray(answer), np.asarray(graph)
+    if answer.size != n * (n + 1) or graph.size != n * (n + 1):
+        return False
+    return bool(valid_colorings_mask(answer.reshape(1, -1), graph.reshape(1, -1), n)[0])
+
+
+def encode(adjacency: np.ndarray, colours: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, labels) [B, n*(n+1)] int16 from adjacency [B, n, n] bool and colours [B, n]."""
+    count, n = colours.shape
+    inputs = np.empty((count, n, n + 1), np.int16)
+    inputs[:, :, 0] = BLANK_TOKEN
+    inputs[:, :, 1:] = np.where(adjacency, EDGE_TOKEN, NO_EDGE_TOKEN)
+    labels = np.full((count, n, n + 1), IGNORE_LABEL, np.int16)
+    labels[:, :, 0] = COLOR0_TOKEN + colours
+    return inputs.reshape(count, -1), labels.reshape(count, -1)
+
+
+def _draw(
+    rng: np.random.Generator, count: int, n: int, colors: int, edge_prob: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(adjacency [count, n, n] bool, symmetric, no loops; planted colours [count, n])."""
+    colours = np.argsort(rng.random((count, n)), axis=1) % colors  # balanced: sizes differ by <= 1
+    coin = np.triu(rng.random((count, n, n)) < edge_prob, k=1)
+    coin &= colours[:, :, None] != colours[:, None, :]
+    return coin | coin.transpose(0, 2, 1), colours
+
+
+def generate_graphs(
+    n: int,
+    count: int,
+    *,
+    colors: int,
+    edge_prob: float,
+    seed: int = 0,
+    max_candidates: int = 0,
+    progress_every_s: float = 5.0,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yields (inputs, labels) chunks [C, n*(n+1)] of distinct planted-colouring graphs until
+    `count` are out. Memory: one chunk plus a 12-byte key per graph kept."""
+    _check_arguments(n, count, colors, edge_prob)
+    rng = np.random.default_rng(seed)
+    max_candidates = max_candidates or 100 * max(count, 1)
+    seen: set[bytes] = set()
+    drawn = kept = 0
+    progress = Progress(f"coloring n={n} k={colors} generate", count, progress_every_s)
+    while kept < count:
+        if drawn >= max_candidates:
+            raise DataError(
+                f"coloring n={n} k={colors} edge_prob={edge_prob}: only {kept}/{count} distinct"
+                f" graphs in {drawn} draws; there may be too few distinct graphs of this size"
+            )
+        adjacency, colours = _draw(rng, min(_CHUNK, 2 * (count - kept)), n, colors, edge_prob)
+        drawn += len(adjacency)
+        packed = np.packbits(adjacency.reshape(len(adjacency), -1), axis=1)
+        fresh = []
+        for i, row in enumerate(packed):
+            key = hashlib.blake2b(row.tobytes(), digest_size=12).digest()
+            if key not in seen and len(fresh) < count - kept:
+                seen.add(key)
+                fresh.append(i)
+        kept += len(fresh)
+        progress.update(kept)
+        if fresh:
+            yield encode(adjacency[fresh], colours[fresh])
+    progress.finish(kept)
+
+
+def _check_arguments(n: int, count: int, colors: int, edge_prob: float) -> None:
+    if not isinstance(n, int) or n < 2:
+        raise ConfigError(f"n={n!r} must be an int >= 2")
+    if count < 0:
+        raise ConfigError(f"count={count} must be >= 0")
+    if not isinstance(colors, int) or not 2 <= colors <= n:
+        raise ConfigError(f"colors={colors!r} must be an int in [2, n={n}]")
+    if not 0.0 < edge_prob <= 1.0:
+        raise ConfigError(f"edge_prob={edge_prob} must be in (0, 1]")
+
+
+def build_generated(
+    out_dir: str | os.PathLike,
+    n: int,
+    colors: int,
+    num_train: int,
+    num_test: int,
+    *,
+    edge_prob: float = 0.4,
+    seed: int = 0,
+    overwrite: bool = False,
+    progress_every_s: float = 5.0,
+) -> DatasetMeta:
+    """Generates distinct graphs and writes splits "test" then "train", streaming by chunks.
+
+    `puzzle_index` is the generation order within each split."""
+    for name, value in (("num_train", num_train), ("num_test", num_test)):
+        if value < 0:
+            raise ConfigError(f"{name}={value} must be >= 0")
+    chunks = generate_graphs(n, num_train + num_test, colors=colors, edge_prob=edge_prob,
+                             seed=seed, progress_every_s=progress_every_s)
+    splits = split_chunk_stream(chunks, {"test": num_test, "train": num_train})
+    args = {"n": n, "colors": colors, "num_train": num_train, "num_test": num_test,
+            "edge_prob": edge_prob}
+    build = {"builder": "coloring.build_generated", "arguments": args, "seed": seed,
+             "source": None}
+    meta = DatasetMeta(task="coloring", vocab_size=COLOR0_TOKEN + colors, seq_len=n * (n + 1),
+                       num_puzzle_identifiers=1, augmentation="coloring", build=build)
+    return write_dataset_chunks(out_dir, splits, meta, overwrite=overwrite)

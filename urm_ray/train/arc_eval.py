@@ -1,0 +1,198 @@
+"""ARC evaluation by augmentation voting: pass@1, pass@2 and pass@k per task, as the ARC rules
+and the official evaluator count them.
+
+For every held-out test pair the model runs on K augmented versions (aug indices 0..K-1, the
+transforms and puzzle identifiers training used, no translation). Each prediction is cropped
+(largest top-left rectangle of colour tokens), mapped back through the inverse dihedral and colour
+permutation, and counts as one vote for that grid. Candidates rank by votes, then by the mean
+Q-head halting probability of their votes; pass@k holds when the true output is among the first k.
+A task scores the fraction of its test pairs passed; pass@k is the mean over tasks.
+
+With `halt_early`, a row's answer is the one at the first segment whose Q-head says halt, and a
+batch stops once every row has halted; the report gives the segments run against the maximum.
+
+    report = evaluate_arc(model, "data/arc1", data_cfg, num_augmentations=8, halt_early=True)
+    report["metrics"]["arc/pass_at_2"], report["tasks"]["00576224"]["pass_at_2"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from urm_ray.data import arc_augment, store
+from urm_ray.data.config import DataConfig
+from urm_ray.data.tasks import arc
+from urm_ray.errors import ConfigError
+
+PASS_KS = (1, 2, 10, 100, 1000)
+
+
+@dataclass
+class Candidate:
+    """One distinct predicted grid of a test pair (canonical canvas bytes) and its votes."""
+
+    votes: int = 0
+    q_sum: float = 0.0
+
+    @property
+    def score(self) -> tuple[int, float]:
+        return self.votes, self.q_sum / max(self.votes, 1)
+
+
+def rank(candidates: dict[bytes, Candidate]) -> list[bytes]:
+    """Answers by votes, then mean halting probability; ties keep the order first seen."""
+    order = list(candidates)
+    return sorted(order, key=lambda h: candidates[h].score, reverse=True)
+
+
+def vote(answers: Sequence[bytes], q: Sequence[float] | None = None) -> list[bytes]:
+    """Ranked distinct answers of one test pair from its predictions (and halting probabilities)."""
+    candidates: dict[bytes, Candidate] = {}
+    for i, answer in enumerate(answers):
+        c = candidates.setdefault(answer, Candidate())
+        c.votes += 1
+        c.q_sum += 0.0 if q is None else float(q[i])
+    return rank(candidates)
+
+
+def pass_at_k(ranked: Sequence[bytes], truth: bytes, k: int) -> bool:
+    """The true answer is among the first k ranked answers."""
+    return truth in ranked[:k]
+
+
+def task_scores(ranked: dict[int, list[bytes]], truths: dict[int, bytes],
+                pairs_of_task: dict[str, list[int]], ks: Sequence[int]
+                ) -> dict[str, dict[str, float]]:
+    """Per task: pass@k = fraction of its test pairs whose truth is in the top k."""
+    out = {}
+    for name, pairs in pairs_of_task.items():
+        out[name] = {f"pass_at_{k}": float(np.mean(
+            [pass_at_k(ranked.get(p, []), truths[p], k) for p in pairs])) for k in ks}
+    return out
+
+
+@dataclass
+class _Tally:
+    candidates: dict[int, dict[bytes, Candidate]] = field(default_factory=dict)
+    rows: int = 0
+    segments_run: float = 0.0  # segments computed, summed over rows (a batch runs until all halt)
+    segments_q: float = 0.0  # segments at which each row's answer was taken
+    max_segments: int = 0
+
+    def add(self, pairs: np.ndarray, answers: np.ndarray, q: np.ndarray) -> None:
+        for pair, answer, prob in zip(pairs.tolist(), answers, q.tolist()):
+            c = self.candidates.setdefault(pair, {}).setdefault(answer.tobytes(), Candidate())
+            c.votes += 1
+            c.q_sum += prob
+
+
+@torch.no_grad()
+def predict(model: nn.Module, batch: dict[str, torch.Tensor], halt_early: bool
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Runs ACT segments on a batch. Returns (answers [B, L], halting probability [B], segment
+    each answer was taken at [B], segments run). Without `halt_early` answers come from the last
+    segment (eval-mode ACT runs to its limit)."""
+    carry = model.initial_carry(batch)
+    rows = batch["inputs"].shape[0]
+    device = batch["inputs"].device
+    answers = torch.zeros_like(batch["inputs"])
+    prob = torch.zeros(rows, dtype=torch.float64, device=device)
+    taken = torch.zeros(rows, dtype=torch.long, device=device)
+    segments = 0
+    while True:
+        carry, outputs = model(carry, batch)
+        segments += 1
+        q_halt = outputs["q_halt_logits"].double()
+        last = bool(carry.halted.all())
+        fresh = taken == 0
+        take = fresh if last else fresh & (q_halt > 0) if halt_early else torch.zeros_like(fresh)
+        predicted = outputs["logits"].argmax(-1).to(answers.dtype)
+        answers = torch.where(take[:, None], predicted, answers)
+        prob = torch.where(take, torch.sigmoid(q_halt), prob)
+        taken = torch.where(take, segments, taken)
+        if last or bool((taken > 0).all()):
+            return answers, prob, taken, segments
+
+
+def _rows(stored: dict[str, np.ndarray], num_augmentations: int, batch_size: int
+          ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(stored row, aug index) in batches, pair-major."""
+    total = len(stored["inputs"]) * num_augmentations
+    for start in range(0, total, batch_size):
+        flat = np.arange(start, min(start + batch_size, total))
+        yield flat // num_augmentations, (flat % num_augmentations).astype(np.int32)
+
+
+def _check(data_cfg: DataConfig, num_augmentations: int, pass_ks: Sequence[int]) -> None:
+    slots = data_cfg.num_augmentations if data_cfg.augment else 1
+    if not 1 <= num_augmentations <= slots:
+        raise ConfigError(
+            f"num_augmentations={num_augmentations} must be in [1, {slots}]: the model's puzzle"
+            f" table has {slots} augmentation slots per task (data.num_augmentations)")
+    if not pass_ks or min(pass_ks) < 1:
+        raise ConfigError(f"pass_ks={list(pass_ks)} must be a non-empty list of ints >= 1")
+
+
+def evaluate_arc(model: nn.Module, data_cfg: DataConfig, split: str = "test",
+                 num_augmentations: int = 0, batch_size: int = 256, halt_early: bool = False,
+                 pass_ks: Sequence[int] = PASS_KS, max_pairs: int = 0,
+                 device: str | torch.device = "cpu") -> dict[str, object]:
+    """pass@k of `model` (eval mode) on the ARC split by augmentation voting.
+
+    `num_augmentations` (0 = all of data.num_augmentations) versions per test pair. Returns
+    {"metrics": {...}, "tasks": {name: {pass_at_k}}}; metrics are "arc/pass_at_k", "arc/tasks",
+    "arc/test_pairs", "arc/predictions", "arc/mean_segments", "arc/compute_saved"."""
+    slots = data_cfg.num_augmentations if data_cfg.augment else 1
+    num_augmentations = num_augmentations or slots
+    _check(data_cfg, num_augmentations, pass_ks)
+    table = arc.load_tasks(data_cfg.path)
+    stored = store.read_split(data_cfg.path, split)
+    if max_pairs:
+        stored = {k: v[:max_pairs] for k, v in stored.items()}
+    tally = _Tally(max_segments=int(getattr(model, "max_segments", 0)))
+    for rows, aug in _rows(stored, num_augmentations, batch_size):
+        ids = stored["puzzle_identifiers"][rows]
+        inputs, _, model_ids = arc_augment.augment(
+            stored["inputs"][rows], stored["labels"][rows], ids, stored["puzzle_index"][rows],
+            aug, data_cfg.shuffle_seed, table, slots, translate_grids=False)
+        batch = {"inputs": torch.from_numpy(inputs.astype(np.int32)).to(device),
+                 "labels": torch.full(inputs.shape, -100, dtype=torch.long, device=device),
+                 "puzzle_identifiers": torch.from_numpy(model_ids).to(device)}
+        answers, prob, taken, segments = predict(model, batch, halt_early)
+        original = arc_augment.invert(answers.cpu().numpy(), ids, aug, data_cfg.shuffle_seed, table)
+        tally.add(stored["puzzle_index"][rows], original, prob.cpu().numpy())
+        tally.rows += len(rows)
+        tally.segments_run += segments * len(rows)
+        tally.segments_q += float(taken.sum())
+    return _report(tally, stored, table, pass_ks, num_augmentations)
+
+
+def _report(tally: _Tally, stored: dict[str, np.ndarray], table: arc.TaskTable,
+            pass_ks: Sequence[int], num_augmentations: int) -> dict[str, object]:
+    truths = dict(zip(stored["puzzle_index"].tolist(),
+                      (c.tobytes() for c in arc_augment.canonical(stored["labels"]))))
+    pairs_of_task: dict[str, list[int]] = {}
+    for pair, ident in zip(stored["puzzle_index"].tolist(), stored["puzzle_identifiers"].tolist()):
+        pairs_of_task.setdefault(table.name(ident), []).append(pair)
+    ranked = {pair: rank(c) for pair, c in tally.candidates.items()}
+    tasks = task_scores(ranked, truths, pairs_of_task, pass_ks)
+    rows = max(tally.rows, 1)
+    metrics = {f"arc/pass_at_{k}": float(np.mean([t[f"pass_at_{k}"] for t in tasks.values()]))
+               if tasks else 0.0 for k in pass_ks}
+    metrics.update({
+        "arc/tasks": float(len(tasks)),
+        "arc/test_pairs": float(len(truths)),
+        "arc/augmentations": float(num_augmentations),
+        "arc/predictions": float(tally.rows),
+        "arc/mean_segments_run": tally.segments_run / rows,
+        "arc/mean_segments_q": tally.segments_q / rows,
+        "arc/max_segments": float(tally.max_segments),
+    })
+    if tally.max_segments:
+        metrics["arc/compute_saved"] = 1.0 - tally.segments_run / rows / tally.max_segments
+    return {"metrics": metrics, "tasks": tasks}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from test_cluster import free_port, subprocess_env
+from test_cluster import free_port, stop_group, subprocess_env
 
 pytestmark = pytest.mark.slow
 
@@ -62,15 +61,7 @@ class Server:
         raise RuntimeError(f"{url} not up after {timeout} s: {log.read_text()[-2000:]}")
 
     def stop(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=15)
-                return
-            except ProcessLookupError:
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        stop_group(self.proc, timeout=15)
 
 
 @pytest.fixture(scope="module")

@@ -58,6 +58,20 @@ TINY_SPACE = {
 }
 
 
+def stop_group(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """Stop a process started with ``start_new_session=True`` and everything it spawned (its
+    process group): SIGTERM, then SIGKILL if it is still there after ``timeout`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=timeout)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -336,13 +350,22 @@ def test_scale_up_grows_an_autoscaling_cluster(tmp_path: Path):
         assert json.loads(grown.stdout[grown.stdout.rindex("\n{\n"):])["step"] == 2
         print(f"scale-up run {time.monotonic() - start:.0f} s")
     finally:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(head.pid, sig)
-                head.wait(timeout=20)
-                break
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop_group(head)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_stop_group_stops_the_child_and_what_it_spawned():
+    proc = subprocess.Popen(["bash", "-c", "sleep 300 & sleep 300; wait"], start_new_session=True)
+    time.sleep(0.5)
+    stop_group(proc, timeout=5)
+    assert proc.poll() is not None
+    deadline = time.monotonic() + 10  # the background sleep went with its group (once reaped)
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"process group {proc.pid} still alive after stop_group")
+    stop_group(proc)  # stopping a stopped group is a no-op

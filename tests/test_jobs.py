@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cluster import ROOT, TINY_SPACE, free_port, subprocess_env, write_tiny_sweep
+from test_cluster import ROOT, TINY_SPACE, free_port, stop_group, subprocess_env, write_tiny_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -61,15 +60,7 @@ def head():
         _wait_for_jobs_api(url, proc, log)
         yield url
     finally:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(timeout=20)
-                break
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop_group(proc)
         shutil.rmtree(temp, ignore_errors=True)
 
 

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils import _pytree as pytree
 
@@ -11,6 +10,8 @@ from urm_ray.models.act import ACTCarry
 from urm_ray.models.registry import MODELS, TaskSpec, build_model, config_class
 from urm_ray.models.urm import URM, URMConfig
 from urm_ray.typed import from_dict
+
+from ranks import run_ranks
 
 TASK = TaskSpec(vocab_size=10, seq_len=8, num_puzzle_identifiers=3)
 
@@ -82,21 +83,43 @@ def test_carry_is_a_pytree_and_moves(model_batch):
     assert moved is not carry and torch.equal(moved.steps, carry.steps)
 
 
-def test_works_under_distributed_data_parallel(model_batch, tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        model = _model()
-        ddp = DistributedDataParallel(model.train())
-        batch = model_batch(TASK)
-        carry = ddp.module.initial_carry(batch)
-        for _ in range(2):
-            carry, outputs = ddp(carry, batch)
-            (outputs["logits"].sum() + outputs["q_halt_logits"].sum()).backward()
-        assert isinstance(carry, ACTCarry) and carry.steps.tolist() == [2, 2]
-        assert model.puzzle_emb.local_weights.grad is not None
-        assert model.blocks.layers[0].mlp.down_proj.weight.grad is not None
-    finally:
-        dist.destroy_process_group()
+def _grads_after_two_segments(model: URM, batch: dict) -> tuple[ACTCarry, dict[str, torch.Tensor]]:
+    module = model.module if isinstance(model, DistributedDataParallel) else model
+    carry = module.initial_carry(batch)
+    for _ in range(2):
+        carry, outputs = model(carry, batch)
+        (outputs["logits"].sum() + outputs["q_halt_logits"].sum()).backward()
+    return carry, {name: p.grad.clone() for name, p in module.named_parameters() if p.grad is not None}
+
+
+def _ddp_rank(rank: int, world_size: int) -> dict:
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(_model().train())
+    carry, grads = _grads_after_two_segments(ddp, _batch(seed=rank))
+    return {"steps": carry.steps.tolist(), "grads": grads,
+            "local_grad": ddp.module.puzzle_emb.local_weights.grad is not None}
+
+
+def _batch(seed: int, size: int = 2) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    inputs = torch.randint(0, TASK.vocab_size, (size, TASK.seq_len), generator=gen)
+    ids = torch.randint(0, TASK.num_puzzle_identifiers, (size,), generator=gen)
+    return {"inputs": inputs, "labels": inputs.clone(), "puzzle_identifiers": ids}
+
+
+def test_distributed_data_parallel_averages_gradients_over_ranks(tmp_path):
+    results = run_ranks(_ddp_rank, world_size=2, folder=tmp_path)
+    local = []
+    for rank in range(2):
+        torch.manual_seed(0)
+        local.append(_grads_after_two_segments(_model().train(), _batch(seed=rank))[1])
+    assert "blocks.layers.0.mlp.down_proj.weight" in local[0]
+    for result in results:
+        assert result["steps"] == [2, 2] and result["local_grad"]
+        assert result["grads"].keys() == local[0].keys()
+        for name, grad in result["grads"].items():
+            torch.testing.assert_close(grad, (local[0][name] + local[1][name]) / 2, msg=name)
+    assert not torch.equal(local[0]["lm_head.weight"], local[1]["lm_head.weight"])  # ranks saw different data
 
 
 def test_registry_builds_each_family():

@@ -5,8 +5,6 @@ import warnings
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from urm_ray.errors import ConfigError
@@ -23,6 +21,8 @@ from urm_ray.optim import (
     newton_schulz_orthogonalize,
     unwrap_model,
 )
+
+from ranks import run_ranks
 
 
 def _adam_atan2_reference(p0, grads, lrs, beta1, beta2, wd):
@@ -141,8 +141,7 @@ def test_sign_sgd_updates_only_touched_rows() -> None:
     torch.testing.assert_close(emb.weights, expected)
 
 
-def _sign_sgd_and_ddp_worker(rank: int, world_size: int, init_file: str, results: dict) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+def _sign_sgd_and_ddp_rank(rank: int, world_size: int) -> tuple:
     emb = StandInPuzzleEmbedding(5, 2)
     ids = torch.tensor([[0, 2], [2, 3]])[rank]
     grads = torch.tensor([[[1.0, -1.0], [1.0, 1.0]], [[-3.0, 1.0], [1.0, 0.0]]])[rank]
@@ -151,16 +150,11 @@ def _sign_sgd_and_ddp_worker(rank: int, world_size: int, init_file: str, results
     model = nn.Linear(2, 2)
     ddp = nn.parallel.DistributedDataParallel(model)
     ema = EMA(ddp, decay=0.5)
-    results[rank] = (emb.weights.clone(), unwrap_model(ddp) is model, sorted(ema.shadow))
-    dist.destroy_process_group()
+    return emb.weights.clone(), unwrap_model(ddp) is model, sorted(ema.shadow)
 
 
 def test_sign_sgd_all_gathers_across_ranks_and_ema_unwraps_ddp(tmp_path) -> None:
-    results = mp.Manager().dict()
-    # fork: the children reuse the imported torch instead of re-importing it (seconds faster)
-    mp.start_processes(
-        _sign_sgd_and_ddp_worker, args=(2, str(tmp_path / "init"), results), nprocs=2, start_method="fork"
-    )
+    results = run_ranks(_sign_sgd_and_ddp_rank, world_size=2, folder=tmp_path)
     before = StandInPuzzleEmbedding(5, 2).weights
     step = torch.zeros(5, 2)
     step[0] = torch.tensor([1.0, -1.0])  # only rank 0 saw id 0

@@ -4,7 +4,7 @@ What a cluster does, on one machine: ``mlflow server`` keeps runs in SQLite and 
 S3 bucket (``--artifacts-destination s3://...``, reached through ``MLFLOW_S3_ENDPOINT_URL``);
 ``urm-ray train`` finds the server through ``MLFLOW_TRACKING_URI`` and writes its Ray Train
 checkpoints to ``train.storage_path=s3://...`` (custom endpoint from ``AWS_ENDPOINT_URL``).
-A 4-step run checkpoints to S3; the same run name with 8 steps resumes there at step 4 and
+A 4-step run of 2 DDP workers checkpoints to S3; the same run name with 8 steps resumes there at step 4 and
 logs into the same MLflow run; artifacts and checkpoints are read back from the bucket with boto3.
 """
 
@@ -33,7 +33,7 @@ FAKE_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
 BIN = Path(sys.executable).parent
 TINY_RUN = ["model.hidden_size=16", "model.num_heads=2", "model.num_layers=1", "model.loops=2",
             "model.truncation=1", "model.max_segments=2", "model.expansion=1.0",
-            "train.num_workers=1", "train.cpus_per_worker=1", "train.torch_threads=1",
+            "train.num_workers=2", "train.cpus_per_worker=0.5", "train.torch_threads=1",
             "train.global_batch_size=16", "train.log_every=2", "train.checkpoint_every=4",
             "train.eval_every=0", "train.eval_max_rows=16", "optim.warmup_steps=1",
             "tracking.experiment=cloud", "train.run_name=s3-resume"]

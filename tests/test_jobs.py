@@ -119,9 +119,13 @@ def test_submitted_sweep_runs_its_trials_on_different_nodes(cluster, tmp_path: P
     entrypoint = ["bash", "-c", f"{where} && {shlex.join(sweep)}"]
     runtime_env = json.dumps({"excludes": EXCLUDES})
     start = time.monotonic()
-    submitted = _ray_job(["submit", "--no-wait", "--submission-id", "urm-sweep",
-                          "--working-dir", str(ROOT), "--runtime-env-json", runtime_env,
-                          "--", *entrypoint], url)
+    submit = ["submit", "--no-wait", "--submission-id", "urm-sweep", "--working-dir", str(ROOT),
+              "--runtime-env-json", runtime_env, "--", *entrypoint]
+    for _ in range(30):  # the job API answers before the head's agent takes jobs: retry, as it says
+        submitted = _ray_job(submit, url)
+        if "No available agent to submit job" not in submitted.stderr:
+            break
+        time.sleep(2)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     status = _wait_for_job(url, "urm-sweep", timeout=480)
     print(f"job round trip {time.monotonic() - start:.0f} s")

@@ -3,7 +3,10 @@
 - ``cluster/gpu.yaml`` goes through what ``ray up`` does to it before launching anything
   (``prepare_config``: defaults, docker checks) and the JSON schema shipped inside the ray package;
   the project's rules for it are checked too (instance profile, images, spot/on-demand, S3, ports).
-- A sweep submitted to a local cluster of three nodes: ``test_jobs.py`` (slow).
+- A local Ray cluster of three nodes on this machine (``ray.cluster_utils.Cluster``) runs a
+  2-trial sweep through the ``urm-ray`` CLI: the two worker nodes each offer one ``trial_slot``
+  and each trial's worker asks for one, so the trials must land on different nodes, which the
+  Ray State API's record of the Train workers confirms (slow).
 - ``--scale-up`` asks Ray's autoscaler for a run's resources and waits for them: unit-tested on a
   simulated cluster, and end to end with the autoscaler's fake multi-node provider (slow).
 """
@@ -228,7 +231,39 @@ def test_sweep_keeps_trial_checkpoints_on_the_base_configs_s3_storage(tmp_path: 
     assert local.runs_path("trials") == str(tmp_path / "sweeps" / "here" / "trials")
 
 
-# --- the autoscaler (slow) ----------------------------------------------------------------------
+# --- a sweep on a local multi-node cluster, and the autoscaler (slow) ------------------------------
+
+@pytest.mark.slow
+def test_sweep_trials_land_on_different_nodes(tmp_path: Path, monkeypatch):
+    from ray.cluster_utils import Cluster
+    from ray.util.state import list_actors
+
+    space, data = write_tiny_sweep(tmp_path)
+    dashboard = free_port()
+    # Every Ray process of this cluster (started from here) and the sweep find its State API here.
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", f"http://127.0.0.1:{dashboard}")
+    monkeypatch.setenv("PYTHONPATH", subprocess_env()["PYTHONPATH"])
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={
+        "num_cpus": 2, "include_dashboard": True, "dashboard_port": dashboard})
+    try:
+        nodes = [cluster.add_node(num_cpus=1, resources={"trial_slot": 1}) for _ in range(2)]
+        cluster.wait_for_nodes()
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        cmd = [sys.executable, "-m", "urm_ray.cli", "sweep", str(space), "--name", "nodes",
+               "--dir", str(tmp_path / "sweeps"), f"data.path={data}", f"tracking.tracking_uri={uri}"]
+        done = subprocess.run(cmd, env=subprocess_env(RAY_ADDRESS=cluster.address),
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert '"finished": 2' in done.stdout
+        workers = list_actors(address=f"http://127.0.0.1:{dashboard}",
+                              filters=[("class_name", "=", "RayTrainWorker")], detail=True,
+                              raise_on_missing_output=False)
+        used = {w.node_id for w in workers}
+        assert len(workers) == 2 and len(used) == 2, workers
+        assert used == {n.node_id for n in nodes}
+    finally:
+        cluster.shutdown()
+
 
 FAKE_AUTOSCALER = """
 cluster_name: fake

@@ -1,12 +1,10 @@
-"""``ray job submit --working-dir . -- urm-ray sweep ...`` to a local cluster of three nodes (slow).
+"""``ray job submit --working-dir . -- urm-ray sweep ...`` against a head started here (slow).
 
-The cluster workflow's submit step, on one machine: a head (2 CPUs, the job API on its dashboard)
-and two worker nodes that each offer one ``trial_slot`` (``ray.cluster_utils.Cluster``: real
-GCS, raylets and dashboard, as processes of this test). A 2-trial sweep is submitted with the
-checkout as working directory; each trial's worker asks for a ``trial_slot``, so the trials must
-land on different nodes, which the Ray State API's record of the Train workers confirms. The job
-runs the head's Python; the uploaded working directory is what makes this checkout's ``urm_ray``
-the one imported by the job and by every trial and Train worker.
+The cluster workflow's submit step, on one machine: ``ray start --head`` (its own ports and temp
+folder, in its own process group, stopped by killing that group: never ``ray stop``, which stops
+every Ray instance of the user), then a 2-trial sweep submitted with the checkout as working
+directory. The job runs the head's Python; the uploaded working directory is what makes this
+checkout's ``urm_ray`` the one imported by the job and by every trial and Train worker.
 """
 
 from __future__ import annotations
@@ -15,14 +13,16 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from test_cluster import ROOT, free_port, subprocess_env, write_tiny_sweep
+from test_cluster import ROOT, TINY_SPACE, free_port, stop_group, subprocess_env, write_tiny_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -36,41 +36,42 @@ EXCLUDES = [".venv", ".git", "runs", "sweeps", "mlflow.db", "mlruns", "data", "*
 
 
 @pytest.fixture
-def cluster(monkeypatch):
-    """Head (2 CPUs, dashboard) + two 1-CPU nodes with one ``trial_slot`` each; yields
-    (dashboard URL, the worker nodes' ids)."""
-    from ray.cluster_utils import Cluster
-
-    url = f"http://127.0.0.1:{free_port()}"
-    # Every Ray process of this cluster inherits these: Train's placement-group cleaner finds
-    # this head's State API even when other Ray instances run on the machine (see
-    # urm_ray.tune.sweep.init_ray), and a job's entrypoint finds this Python's `urm-ray`, as an
-    # activated environment (or the cluster's image) would.
-    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", url)
-    monkeypatch.setenv("PYTHONPATH", subprocess_env()["PYTHONPATH"])
-    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-        "num_cpus": 2, "include_dashboard": True, "dashboard_port": int(url.rsplit(":", 1)[1])})
+def head():
+    """A Ray head of 2 CPUs with the dashboard (the job API); yields the dashboard URL."""
+    temp = tempfile.mkdtemp(prefix="urmj", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    port, dashboard = free_port(), free_port()
+    url = f"http://127.0.0.1:{dashboard}"
+    cmd = [RAY, "start", "--head", "--block", f"--port={port}", f"--dashboard-port={dashboard}",
+           "--dashboard-host=127.0.0.1", f"--ray-client-server-port={free_port()}",
+           f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+           f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+           "--num-cpus=2", f"--temp-dir={temp}", "--disable-usage-stats"]
+    # RAY_API_SERVER_ADDRESS: Train's placement-group cleaner finds this head's State API even when
+    # other Ray instances run on the machine (see urm_ray.tune.sweep.init_ray).
+    env = subprocess_env(RAY_API_SERVER_ADDRESS=url, RAY_AUTH_MODE=AUTH_MODE)
+    env.pop("RAY_ADDRESS", None)
+    # A job's entrypoint runs with the PATH of `ray start`: put this Python's `urm-ray` on it, as
+    # an activated environment (or the cluster's image) would.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    log = Path(temp) / "ray-start.log"
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
     try:
-        # Nodes of one machine share its session folder: each unpacks the job's working
-        # directory into a folder of its own, as on separate machines (a shared one is replaced
-        # under the running job when the next node unpacks it).
-        nodes = [cluster.add_node(num_cpus=1, resources={"trial_slot": 1},
-                                  runtime_env_dir_name=f"runtime_resources_node{i}") for i in range(2)]
-        cluster.wait_for_nodes()
-        _wait_for_jobs_api(url)
-        yield url, {n.node_id for n in nodes}
+        _wait_for_jobs_api(url, proc, log)
+        yield url
     finally:
-        cluster.shutdown()
+        stop_group(proc)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
-def _wait_for_jobs_api(url: str, timeout: float = 120) -> None:
+def _wait_for_jobs_api(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
     import urllib.error
     import urllib.request
 
     start = time.monotonic()
     while time.monotonic() - start < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray start exited: {log.read_text()[-3000:]}")
         try:
             urllib.request.urlopen(f"{url}/api/version", timeout=2)
         except urllib.error.HTTPError:
@@ -78,9 +79,9 @@ def _wait_for_jobs_api(url: str, timeout: float = 120) -> None:
         except OSError:
             time.sleep(0.5)
             continue
-        print(f"job API up in {time.monotonic() - start:.1f} s")
+        print(f"head up in {time.monotonic() - start:.1f} s")
         return
-    raise RuntimeError(f"no Ray job API at {url} after {timeout} s")
+    raise RuntimeError(f"no Ray head at {url} after {timeout} s: {log.read_text()[-3000:]}")
 
 
 def _ray_job(args: list[str], url: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -108,28 +109,22 @@ def _wait_for_job(url: str, job_id: str, timeout: float) -> str:
     return state
 
 
-def test_submitted_sweep_runs_its_trials_on_different_nodes(cluster, tmp_path: Path):
-    from ray.util.state import list_actors
-
-    url, slot_nodes = cluster
-    space_file, data = write_tiny_sweep(tmp_path)
+def test_ray_job_submit_runs_a_sweep(head: str, tmp_path: Path):
+    space = {**TINY_SPACE, "resources": {"workers": 1, "cpus_per_worker": 0.4}}
+    space_file, data = write_tiny_sweep(tmp_path, space)
     sweep = ["urm-ray", "sweep", str(space_file), "--name", "job", "--dir", str(tmp_path / "sweeps"),
              f"data.path={data}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
     where = "python -c 'import urm_ray; print(\"urm_ray from\", urm_ray.__file__)'"
     entrypoint = ["bash", "-c", f"{where} && {shlex.join(sweep)}"]
     runtime_env = json.dumps({"excludes": EXCLUDES})
     start = time.monotonic()
-    submit = ["submit", "--no-wait", "--submission-id", "urm-sweep", "--working-dir", str(ROOT),
-              "--runtime-env-json", runtime_env, "--", *entrypoint]
-    for _ in range(30):  # the job API answers before the head's agent takes jobs: retry, as it says
-        submitted = _ray_job(submit, url)
-        if "No available agent to submit job" not in submitted.stderr:
-            break
-        time.sleep(2)
+    submitted = _ray_job(["submit", "--no-wait", "--submission-id", "urm-sweep",
+                          "--working-dir", str(ROOT), "--runtime-env-json", runtime_env,
+                          "--", *entrypoint], head)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    status = _wait_for_job(url, "urm-sweep", timeout=480)
+    status = _wait_for_job(head, "urm-sweep", timeout=480)
     print(f"job round trip {time.monotonic() - start:.0f} s")
-    printed = _ray_job(["logs", "urm-sweep"], url)
+    printed = _ray_job(["logs", "urm-sweep"], head)
     logs = printed.stdout + printed.stderr
     assert status == "succeeded", status + logs[-4000:]
     assert '"finished": 2' in logs
@@ -137,7 +132,3 @@ def test_submitted_sweep_runs_its_trials_on_different_nodes(cluster, tmp_path: P
     # the job imported the uploaded working directory, not an installed copy
     imported = next(line for line in logs.splitlines() if line.startswith("urm_ray from"))
     assert "working_dir_files" in imported and str(ROOT) not in imported, imported
-    # one trial per trial_slot node
-    workers = list_actors(address=url, filters=[("class_name", "=", "RayTrainWorker")], detail=True,
-                          raise_on_missing_output=False)
-    assert len(workers) == 2 and {w.node_id for w in workers} == slot_nodes, workers

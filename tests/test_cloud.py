@@ -4,8 +4,8 @@ What a cluster does, on one machine: ``mlflow server`` keeps runs in SQLite and 
 S3 bucket (``--artifacts-destination s3://...``, reached through ``MLFLOW_S3_ENDPOINT_URL``);
 ``urm-ray train`` finds the server through ``MLFLOW_TRACKING_URI`` and writes its Ray Train
 checkpoints to ``train.storage_path=s3://...`` (custom endpoint from ``AWS_ENDPOINT_URL``).
-A 4-step run of 2 DDP workers checkpoints to S3; the same run name with 8 steps resumes there at step 4 and
-logs into the same MLflow run; artifacts and checkpoints are read back from the bucket with boto3.
+A 4-step run of 2 DDP workers checkpoints to S3; the same run name with 8 steps resumes there
+at step 4 and logs into the same MLflow run; artifacts and checkpoints are read back from the bucket with boto3.
 """
 
 from __future__ import annotations

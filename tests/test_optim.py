@@ -26,16 +26,17 @@ from ranks import run_ranks
 
 
 def _adam_atan2_reference(p0, grads, lrs, beta1, beta2, wd):
-    """The update written out element by element in Python floats (float64)."""
+    """The adam-atan2 CUDA kernel's update written out element by element in Python floats
+    (float64): the bias correction of m scales the step, outside atan2."""
     p, m, v = list(p0), [0.0] * len(p0), [0.0] * len(p0)
     for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
         for i in range(len(p)):
             p[i] *= 1 - lr * wd
             m[i] = beta1 * m[i] + (1 - beta1) * g[i]
             v[i] = beta2 * v[i] + (1 - beta2) * g[i] ** 2
-            m_hat = m[i] / (1 - beta1**t)
-            root_v_hat = math.sqrt(v[i]) / math.sqrt(1 - beta2**t)
-            p[i] -= lr * math.atan2(m_hat, root_v_hat)
+            step_size = lr / (1 - beta1**t)
+            denom = math.sqrt(v[i]) / math.sqrt(1 - beta2**t)
+            p[i] -= step_size * math.atan2(m[i], denom)
     return p
 
 
@@ -56,12 +57,16 @@ def test_adam_atan2_matches_formula() -> None:
     assert opt.state[param]["step"].item() == 5
 
 
-def test_adam_atan2_first_step_is_lr_pi_over_4_sign() -> None:
+def test_adam_atan2_first_step_is_the_kernels() -> None:
+    """Step 1: m = 0.1 g, sqrt(v) / sqrt(1 - beta2) = |g|, so the move is lr * atan2(0.1, 1) / 0.1
+    = 0.997 lr against the sign of g, whatever its size (0.785 lr if m were corrected inside)."""
     param = nn.Parameter(torch.zeros(4))
     param.grad = torch.tensor([3.0, -1e-6, 0.0, 5e4])
-    AdamAtan2([param], lr=0.1, weight_decay=0.0).step()
-    expected = -0.1 * math.pi / 4 * torch.tensor([1.0, -1.0, 0.0, 1.0])  # atan2(g, |g|) = sign(g) pi/4
+    AdamAtan2([param], lr=0.1, betas=(0.9, 0.95), weight_decay=0.0).step()
+    move = 0.1 * math.atan2(0.1, 1.0) / 0.1
+    expected = -move * torch.tensor([1.0, -1.0, 0.0, 1.0])
     torch.testing.assert_close(param.detach(), expected)
+    assert 0.996 < move / 0.1 < 0.998
 
 
 def test_adam_atan2_minimises_quadratic_and_handles_bfloat16() -> None:
@@ -188,9 +193,14 @@ def test_ema_math_copy_and_state_dict() -> None:
         ema.update(model)
     expected = 0.9 * (0.9 * 1.0 + 0.1 * 2.0) + 0.1 * 3.0
     torch.testing.assert_close(ema.shadow["weight"], torch.full((1, 2), expected))
-    averaged = ema.averaged_copy(nn.DataParallel(model))
-    torch.testing.assert_close(averaged.weight, torch.full((1, 2), expected))
-    assert (model.weight == 3.0).all()  # the live model is untouched
+    bias = model.bias.detach().clone()
+    with ema.applied(nn.DataParallel(model)) as averaged:
+        assert averaged is model  # no copy of the model (nor of its buffers)
+        torch.testing.assert_close(model.weight, torch.full((1, 2), expected))
+    assert (model.weight == 3.0).all() and torch.equal(model.bias, bias)  # training weights back
+    with pytest.raises(RuntimeError, match="inside"), ema.applied(model):
+        raise RuntimeError("inside")
+    assert (model.weight == 3.0).all()  # put back after an error too
     restored = EMA(nn.Linear(2, 1), decay=0.5)
     restored.load_state_dict(ema.state_dict())
     assert restored.decay == 0.9

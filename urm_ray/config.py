@@ -47,6 +47,9 @@ class TrainConfig:
     keep_checkpoints: int = 2
     max_failures: int = 0  # worker-group restarts from the latest checkpoint after a crash
     bf16: bool = True  # bf16 autocast, applied only on GPU
+    # torch.compile the segment core and the loss (urm_ray.train.compiled): true, false, or
+    # auto = on CUDA only (on CPU, compiling costs more than a short run saves)
+    compile: bool | Literal["auto"] = "auto"
     # Ray Train storage: a local folder, or s3://bucket/prefix (multi-node clusters need one that
     # every node reaches; a custom S3 endpoint such as MinIO comes from $AWS_ENDPOINT_URL)
     storage_path: str = "runs"

@@ -11,11 +11,11 @@
   builds for a model.
 """
 
-import copy
 import math
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal, Optional
+from typing import Any, Callable, Iterable, Iterator, Literal, Optional
 
 import torch
 import torch.distributed as dist
@@ -51,22 +51,46 @@ def _opmath(t: Tensor) -> Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-class AdamAtan2(Optimizer):
+class _GroupOptimizer(Optimizer):
+    """An Optimizer whose ``step`` hands each param group's parameters that have a gradient to
+    ``_update_group``; parameters without one are skipped entirely (no decay either)."""
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Tensor]] = None) -> Optional[Tensor]:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._update_group(params, group)
+        return loss
+
+    def _update_group(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class AdamAtan2(_GroupOptimizer):
     """Adam with atan2 in place of division by sqrt(v) + eps (Everett et al. 2024, arXiv:2407.05872).
 
-    The exact update of imoneoi/adam-atan2 (`AdamATan2`, used by the official HRM/TRM/URM), per
-    parameter p with gradient g, step counter t (per parameter, starting at 1):
+    The update of the `adam-atan2` CUDA kernel (`AdamATan2`, used by the official HRM/TRM/URM),
+    per parameter p with gradient g and step counter t (per parameter, starting at 1):
 
         p <- p * (1 - lr * weight_decay)                 decoupled decay, before the moments
-        m <- beta1 * m + (1 - beta1) * g
-        v <- beta2 * v + (1 - beta2) * g^2
-        p <- p - lr * atan2(m / (1 - beta1^t), sqrt(v) / sqrt(1 - beta2^t))
+        m <- lerp(m, g, 1 - beta1)
+        v <- lerp(v, g^2, 1 - beta2)
+        p <- p - (lr / (1 - beta1^t)) * atan2(m, sqrt(v) / sqrt(1 - beta2^t))
 
-    No epsilon and no extra scale constants (a = b = 1). Each step moves a weight by at most
-    lr * pi / 2. Half / bfloat16 parameters are updated in float32 and stored back.
-    Parameters without a gradient are skipped entirely (no decay either).
-    State per parameter: `step` (float32 scalar tensor), `exp_avg`, `exp_avg_sq` (same keys as the
-    official package, so its optimizer state dicts load).
+    No epsilon and no extra scale constants. The bias correction of m scales the step, outside
+    atan2, so the first step moves a weight by lr * atan2(1 - beta1, 1) / (1 - beta1)
+    (0.997 lr for beta1 = 0.9), and no step moves it by more than lr * pi / 2 / (1 - beta1^t).
+    Half / bfloat16 parameters are updated in float32 and stored back.
+
+    Multi-tensor (``torch._foreach_*``) and free of host syncs: the step counters are float32
+    tensors on the parameters' device and the bias corrections are computed there.
+    State per parameter: `step`, `exp_avg`, `exp_avg_sq` (the official package's keys, so its
+    optimizer state dicts load).
     """
 
     def __init__(
@@ -79,35 +103,40 @@ class AdamAtan2(Optimizer):
         _check_hparams(lr, weight_decay, betas)
         super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
 
-    @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], Tensor]] = None) -> Optional[Tensor]:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-        return loss
+    def _state_lists(self, params: list[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        """Each parameter's (step, exp_avg, exp_avg_sq), created on first use and kept on its device."""
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif state["step"].device != p.device:  # a state dict saved with CPU step counters
+                state["step"] = state["step"].to(p.device)
+        return tuple([self.state[p][key] for p in params] for key in ("step", "exp_avg", "exp_avg_sq"))
 
-    def _update(self, p: Tensor, group: dict[str, Any]) -> None:
-        state = self.state[p]
-        if not state:
-            state["step"] = torch.zeros((), dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["step"] += 1
-        t = state["step"].item()
+    def _update_group(self, params: list[Tensor], group: dict[str, Any]) -> None:
         lr, wd, (beta1, beta2) = group["lr"], group["weight_decay"], group["betas"]
-        param, exp_avg, exp_avg_sq = _opmath(p), _opmath(state["exp_avg"]), _opmath(state["exp_avg_sq"])
-        grad = _opmath(p.grad)
-        param.mul_(1 - lr * wd)
-        exp_avg.lerp_(grad, 1 - beta1)
-        exp_avg_sq.lerp_(grad * grad, 1 - beta2)
-        denom = exp_avg_sq.sqrt() / math.sqrt(1 - beta2**t)
-        param.add_(torch.atan2(exp_avg * (1 / (1 - beta1**t)), denom), alpha=-lr)
-        for stored, computed in ((p, param), (state["exp_avg"], exp_avg), (state["exp_avg_sq"], exp_avg_sq)):
+        steps, stored_m, stored_v = self._state_lists(params)
+        param, exp_avg, exp_avg_sq, grad = ([_opmath(t) for t in ts] for ts in (params, stored_m, stored_v,
+                                                                                [p.grad for p in params]))
+        torch._foreach_add_(steps, 1.0)
+        torch._foreach_mul_(param, 1 - lr * wd)
+        torch._foreach_lerp_(exp_avg, grad, 1 - beta1)
+        torch._foreach_lerp_(exp_avg_sq, torch._foreach_mul(grad, grad), 1 - beta2)
+        # per parameter: -lr / (1 - beta1^t) and sqrt(1 - beta2^t), in float64 as the kernel
+        # computes them, as [] tensors on its device
+        steps64 = [t.double() for t in steps]
+        step_size = torch._foreach_reciprocal(torch._foreach_sub(torch._foreach_pow(beta1, steps64), 1.0))
+        torch._foreach_mul_(step_size, lr)
+        bias_correction2_sqrt = torch._foreach_sqrt(torch._foreach_neg(torch._foreach_sub(
+            torch._foreach_pow(beta2, steps64), 1.0)))
+        denom = torch._foreach_sqrt(exp_avg_sq)
+        torch._foreach_div_(denom, bias_correction2_sqrt)
+        update = [torch.atan2(m, d) for m, d in zip(exp_avg, denom)]  # no foreach atan2 in torch
+        torch._foreach_mul_(update, step_size)
+        torch._foreach_add_(param, update)
+        for stored, computed in zip((*params, *stored_m, *stored_v), (*param, *exp_avg, *exp_avg_sq)):
             if stored is not computed:
                 stored.copy_(computed)
 
@@ -131,7 +160,7 @@ def newton_schulz_orthogonalize(update: Tensor, steps: int = 5) -> Tensor:
     return x.T if transposed else x
 
 
-class Muon(Optimizer):
+class Muon(_GroupOptimizer):
     """Momentum orthogonalised by Newton-Schulz, for 2-D weights only.
 
     For a weight W [out, in] with gradient G and momentum buffer B:
@@ -164,17 +193,9 @@ class Muon(Optimizer):
         if shapes:
             raise ValueError(f"Muon only updates 2-D weights; got shapes {shapes} (use build_muon to split)")
 
-    @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], Tensor]] = None) -> Optional[Tensor]:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-        return loss
+    def _update_group(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        for p in params:
+            self._update(p, group)
 
     def _update(self, p: Tensor, group: dict[str, Any]) -> None:
         state = self.state[p]
@@ -299,7 +320,7 @@ class EMA:
 
     Keyed by parameter name of the unwrapped model, so it works the same under DDP and
     torch.compile. Buffers are not averaged or stored (the puzzle-embedding table alone can be
-    gigabytes): `averaged_copy` takes them from the live model, as the official code does.
+    gigabytes): ``applied`` evaluates with the live buffers, as the official code does.
     """
 
     def __init__(self, model: nn.Module, decay: float = 0.999):
@@ -312,23 +333,37 @@ class EMA:
     def _params(model: nn.Module) -> list[tuple[str, Tensor]]:
         return [(name, p) for name, p in unwrap_model(model).named_parameters() if p.requires_grad]
 
+    def _pairs(self, model: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
+        """(the model's parameters, their averages), in the same order."""
+        named = self._params(model)
+        return [p.detach() for _, p in named], [self.shadow[name] for name, _ in named]
+
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         """Fold the model's current parameters into the average (call after each optimizer step)."""
-        for name, p in self._params(model):
-            self.shadow[name].lerp_(p.detach(), 1 - self.decay)
+        params, shadows = self._pairs(model)
+        torch._foreach_lerp_(shadows, params, 1 - self.decay)
 
     @torch.no_grad()
     def copy_to(self, model: nn.Module) -> None:
         """Overwrite the model's parameters with the averages, in place."""
-        for name, p in self._params(model):
-            p.copy_(self.shadow[name])
+        params, shadows = self._pairs(model)
+        torch._foreach_copy_(params, shadows)
 
-    def averaged_copy(self, model: nn.Module) -> nn.Module:
-        """A deep copy of the unwrapped model holding the averaged parameters (and its live buffers)."""
-        averaged = copy.deepcopy(unwrap_model(model))
-        self.copy_to(averaged)
-        return averaged
+    @contextmanager
+    def applied(self, model: nn.Module) -> Iterator[nn.Module]:
+        """The unwrapped model with the averages in place of its parameters, inside the block;
+        its own parameters are put back after, bit for bit. Costs one copy of the parameters
+        (never of the buffers, which a deep copy of the model would duplicate)."""
+        params, _ = self._pairs(model)
+        with torch.no_grad():
+            saved = [p.clone() for p in params]
+            self.copy_to(model)
+        try:
+            yield unwrap_model(model)
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(params, saved)
 
     def state_dict(self) -> dict[str, Any]:
         return {"decay": self.decay, "shadow": dict(self.shadow)}

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from urm_ray.losses import gaussian_kl
-from urm_ray.models.act import Batch, State
+from urm_ray.models.act import State
 from urm_ray.models.layers import Rope, ffn_width, lecun_linear, trunc_normal_
 from urm_ray.models.recurrent import require
 from urm_ray.models.trm import TRM, TRMConfig
@@ -119,11 +119,10 @@ class GRAM(TRM):
         tokens = self.label_embed(labels.clamp_min(0).long())  # [B, L, D]
         return self.embed_scale * F.pad(tokens, (0, 0, self.prefix_len, 0))
 
-    def segment(self, state: State, data: Batch) -> tuple[State, dict[str, Tensor]]:
-        x = self.embed_input(data["inputs"], data["puzzle_identifiers"])  # [B, T, D]
+    def core(self, state: State, x: Tensor, labels: Tensor) -> tuple[State, dict[str, Tensor]]:
         rope = self.rope(x.shape[1])
         guided = self.noise_scale > 0
-        target = self.embed_labels(data["labels"]).to(x.dtype) if guided and self.training else None
+        target = self.embed_labels(labels).to(x.dtype) if guided and self.training else None
         z_H, z_L = state["z_H"], state["z_L"]
         with torch.no_grad():
             for _ in range(self.config.h_cycles - 1):

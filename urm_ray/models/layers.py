@@ -63,27 +63,33 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE tables in the half-split layout; non-persistent, so rebuilt rather than saved."""
+    """RoPE tables in the half-split layout; non-persistent, so rebuilt rather than saved.
+
+    ``sin`` is stored with the rotation's sign folded in ([-sin, sin] over the two halves), so
+    that ``apply_rope`` needs a swap of the halves and no negation.
+    """
 
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # [T, E/2]
-        angles = torch.cat([angles, angles], dim=-1)  # [T, E]
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], -1), persistent=False)
+        self.register_buffer("sin", torch.cat([-angles.sin(), angles.sin()], -1), persistent=False)
 
     def forward(self) -> Rope:
         return self.cos, self.sin
 
 
 def apply_rope(x: Tensor, rope: Rope) -> Tensor:
-    """Rotate [B, T, H, E] queries or keys; math in the tables' dtype (float32)."""
-    cos, sin = (t.unsqueeze(-2) for t in rope)  # [T, 1, E]
+    """Rotate [B, T, H, E] queries and/or keys; math in the tables' dtype (float32).
+
+    The half-split rotation x * cos + [-x2, x1] * sin, computed as x * cos + [x2, x1] * signed_sin:
+    the same bits, without the negation and concatenation of the textbook form.
+    """
+    cos, signed_sin = (t.unsqueeze(-2) for t in rope)  # [T, 1, E]
     x32 = x.to(cos.dtype)
-    first, second = x32.chunk(2, dim=-1)
-    rotated = torch.cat([-second, first], dim=-1)
-    return (x32 * cos + rotated * sin).to(x.dtype)
+    swapped = x32.unflatten(-1, (2, -1)).flip(-2).flatten(-2)  # [x2, x1]
+    return (x32 * cos + swapped * signed_sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -100,8 +106,8 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, rope: Rope) -> Tensor:
         batch, length, _ = x.shape
         qkv = self.qkv_proj(x).view(batch, length, 3 * self.num_heads, self.head_dim)
-        q, k, v = qkv.split(self.num_heads, dim=2)  # each [B, T, H, E]
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        qk, v = qkv.split([2 * self.num_heads, self.num_heads], dim=2)  # [B, T, 2H, E], [B, T, H, E]
+        q, k = apply_rope(qk, rope).chunk(2, dim=2)  # one rotation for queries and keys
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))  # [B, T, D]
 
@@ -121,9 +127,22 @@ class SwiGLU(nn.Module):
 
 
 def causal_depthwise_conv(conv: nn.Conv1d, x: Tensor) -> Tensor:
-    """Causal depthwise conv along the sequence of x [B, T, C]: padding k-1 on both sides, first T kept."""
-    out = conv(x.transpose(1, 2))  # [B, C, T + k - 1]
-    return out[..., : x.shape[1]].transpose(1, 2)
+    """``conv``'s depthwise causal convolution along the sequence of x [B, T, C] -> [B, T, C].
+
+    Equal to running ``conv`` (padding k-1 on both sides, first T outputs kept) on x transposed:
+    out[t] = bias + sum_j w[j] * x[t - (k-1) + j], with x = 0 before the start. Computed as k
+    shifted multiply-adds in the [B, T, C] layout, which avoids the transposes, the padded
+    output and the strided result the Conv1d route needs (and fuses under torch.compile).
+    """
+    taps = conv.weight[:, 0, :]  # [C, k]
+    kernel, length = taps.shape[1], x.shape[1]
+    out = torch.addcmul(conv.bias, x, taps[:, -1])  # the last tap reads x[t]
+    for j in range(kernel - 1):
+        lag = kernel - 1 - j
+        if lag < length:
+            shifted = F.pad(x[:, : length - lag], (0, 0, lag, 0))  # x[t - lag], zeros before t = lag
+            out = out.addcmul(shifted, taps[:, j])
+    return out
 
 
 class ConvSwiGLU(nn.Module):

@@ -193,5 +193,12 @@ class RecurrentModel(ACTModel):
 
     def segment(self, state: State, data: Batch) -> tuple[State, dict[str, Tensor]]:
         x = self.embed_input(data["inputs"], data["puzzle_identifiers"])  # [B, T, D]
+        return self.core(state, x, data["labels"])
+
+    def core(self, state: State, x: Tensor, labels: Tensor) -> tuple[State, dict[str, Tensor]]:
+        """A segment after the input embedding: the recurrence and the heads. Static shapes and
+        no Python control flow on values, so this is what ``train.compile`` compiles; the
+        puzzle-embedding lookup (which makes a fresh leaf tensor) and the ACT halting stay eager.
+        ``labels`` [B, L] are for families whose training reads them (GRAM's posterior)."""
         state = self.recur(state, x, self.rope(x.shape[1]))
         return state, self.heads(state[self.output_state])

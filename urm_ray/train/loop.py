@@ -30,6 +30,7 @@ from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
 from urm_ray.tracking import Tracker, make_tracker
 from urm_ray.train import checkpoint
 from urm_ray.train.checkpoint import Position
+from urm_ray.train.compiled import compile_enabled, compile_model, compiled_loss
 from urm_ray.train.evaluate import held_out_metrics
 from urm_ray.typed import to_dict
 
@@ -99,6 +100,10 @@ class Trainer:
         self.optimizers, self.tracker, self.device = optimizers, tracker, device
         self.rank, self.world, self.seq_len = rank, world, seq_len
         self.local_batch = cfg.train.global_batch_size // world
+        self.loss_fn = act_loss
+        if compile_enabled(cfg.train.compile, device):
+            compile_model(model)
+            self.loss_fn = compiled_loss()
         self.last_eval: dict[str, float] = {}
         # GRAM's halting target "a task verifier accepts it" (None = "equals the label")
         self.verifier: Verifier | None = None
@@ -160,7 +165,7 @@ class Trainer:
                 halt_target = self.verifier(
                     outputs["logits"].detach().argmax(-1), data["inputs"], data["labels"]
                 )
-            loss, metrics = act_loss(
+            loss, metrics = self.loss_fn(
                 outputs, carry.current_data["labels"], carry.halted, carry.steps, self.cfg.train.loss,
                 halt_target=halt_target,
             )
@@ -174,14 +179,16 @@ class Trainer:
             opt.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update(self.model)
-        return carry, {k: v.detach().double().cpu() for k, v in metrics.items()}
+        # metrics stay on the device (no host sync per step); ``run`` sums them there and reads
+        # them at the report steps
+        return carry, {k: v.detach().double() for k, v in metrics.items()}
 
     def _all_reduce(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self.world == 1 or not dist.is_initialized():
             return sums
         keys = sorted(sums)
-        packed = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64) for k in keys])
-        packed = packed.to(self.device)
+        packed = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64, device=self.device)
+                              for k in keys])
         dist.all_reduce(packed)
         return dict(zip(keys, packed.cpu()))
 
@@ -207,11 +214,14 @@ class Trainer:
             )
             return ({k: v.to(self.device) for k, v in b.items()} for b in rows)
 
-        model = self.ema.averaged_copy(self.model) if self.ema is not None else self.model
-        model.eval()
-        with self._autocast():
-            return held_out_metrics(model, batches, self.cfg.train.eval_samples, self.eval_verifier,
-                                    reduce=self._all_reduce)
+        averaged = self.ema.applied(self.model) if self.ema is not None else nullcontext(self.model)
+        with averaged as model, self._autocast():
+            model.eval()
+            try:
+                return held_out_metrics(model, batches, self.cfg.train.eval_samples,
+                                        self.eval_verifier, reduce=self._all_reduce)
+            finally:
+                model.train()
 
     def _report(self, position: Position, metrics: dict[str, float]) -> None:
         cfg = self.cfg.train

@@ -1,0 +1,137 @@
+"""The training step: compiled equals eager for every family, and no host sync inside it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._inductor.config
+from torch.overrides import TorchFunctionMode
+
+from urm_ray.config import load_config
+from urm_ray.models.registry import TaskSpec, build_model
+from urm_ray.optim import EMA, build_optimizers
+from urm_ray.tracking import NullTracker
+from urm_ray.train.compiled import compile_enabled
+from urm_ray.train.loop import Trainer
+
+TASK = TaskSpec(vocab_size=6, seq_len=16, num_puzzle_identifiers=5)
+SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.expansion=1.0", "train.global_batch_size=8",
+         "optim.warmup_steps=0", "model.halt_exploration_prob=0.5"]
+# every family, with the puzzle embedding on where the family's preset has it off
+FAMILIES = {
+    "urm": ["model.loops=3", "model.truncation=1", "model.puzzle_emb_dim=32"],
+    "hrm": ["model.h_layers=1", "model.l_layers=1", "model.h_cycles=2", "model.l_cycles=2"],
+    "trm": ["model.num_layers=1", "model.h_cycles=2", "model.l_cycles=2"],
+    "gram": ["model.num_layers=1", "model.latent_dim=8"],
+    "transformer": ["model.num_layers=2", "model.max_segments=2"],
+}
+# Tensor methods that copy a device value to the host (a sync on CUDA)
+HOST_READS = {"item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"}
+
+
+def _assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, name: str, tol: float = 1e-5) -> None:
+    """|actual - expected| / |expected| <= tol in the 2-norm: fused kernels reorder float32 sums,
+    so single elements near zero differ by more than tol of themselves."""
+    error = (actual.double() - expected.double()).norm() / expected.double().norm().clamp_min(1e-12)
+    assert error <= tol, f"{name}: relative error {error:.2e} > {tol:.0e}"
+
+
+def _trainer(family: str, compiled: bool) -> Trainer:
+    overrides = [*SMALL, *FAMILIES[family], f"train.compile={str(compiled).lower()}"]
+    cfg = load_config(f"sudoku4-{family}", overrides)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, TASK)
+    ema = EMA(model, cfg.optim.ema_decay)
+    return Trainer(cfg, model, model, ema, build_optimizers(model, cfg.optim), NullTracker(),
+                   torch.device("cpu"), 0, 1, TASK.seq_len)
+
+
+def _batch(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    inputs = torch.randint(0, TASK.vocab_size, (8, TASK.seq_len), generator=gen, dtype=torch.int32)
+    labels = torch.where(torch.rand(8, TASK.seq_len, generator=gen) < 0.2, -100, inputs.long())
+    ids = torch.randint(0, TASK.num_puzzle_identifiers, (8,), generator=gen, dtype=torch.int32)
+    return {"inputs": inputs, "labels": labels, "puzzle_identifiers": ids}
+
+
+def _loss_and_grads(trainer: Trainer, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """The first step's forward and backward, as ``Trainer._step`` runs them, without the update."""
+    torch.manual_seed(1)
+    model = trainer.model.train()
+    carry, outputs = model(model.initial_carry(batch), batch)
+    loss, _ = trainer.loss_fn(outputs, carry.current_data["labels"], carry.halted, carry.steps)
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+def _three_steps(trainer: Trainer) -> list[dict[str, torch.Tensor]]:
+    torch.manual_seed(2)  # ACT exploration and GRAM's noise draw the same numbers on both sides
+    carry, metrics = None, []
+    for step in range(3):
+        carry, step_metrics = trainer._step(carry, _batch(step))
+        metrics.append(step_metrics)
+    return metrics
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_compiled_step_equals_eager(family: str):
+    eager, compiled = _trainer(family, False), _trainer(family, True)
+    assert compiled.model.core is not eager.model.core.__func__.__get__(compiled.model)  # compiled
+    with torch._inductor.config.patch(fallback_random=True):  # compiled randn = eager's stream
+        loss_e, grads_e = _loss_and_grads(eager, _batch(0))
+        loss_c, grads_c = _loss_and_grads(compiled, _batch(0))
+        _assert_rel_close(loss_c, loss_e, "loss")
+        assert grads_e and grads_c.keys() == grads_e.keys()
+        for name, grad in grads_e.items():
+            _assert_rel_close(grads_c[name], grad, name)
+        steps_e, steps_c = _three_steps(eager), _three_steps(compiled)
+    for metrics_e, metrics_c in zip(steps_e, steps_c):
+        assert metrics_c["count"] == metrics_e["count"]  # the same rows halted
+        for key in ("lm_loss", "q_halt_loss"):
+            _assert_rel_close(metrics_c[key], metrics_e[key], key)
+    for (name, p_e), (_, p_c) in zip(eager.model.named_parameters(), compiled.model.named_parameters()):
+        _assert_rel_close(p_c, p_e, name)
+    if eager.model.puzzle_emb is not None:  # the sign-SGD table moved identically
+        torch.testing.assert_close(compiled.model.puzzle_emb.weights, eager.model.puzzle_emb.weights)
+        assert eager.model.puzzle_emb.weights.abs().sum() > 0
+
+
+def test_compile_setting_auto_means_cuda_only():
+    assert not compile_enabled("auto", torch.device("cpu"))
+    assert compile_enabled("auto", torch.device("cuda"))
+    assert compile_enabled(True, torch.device("cpu")) and not compile_enabled(False, torch.device("cuda"))
+
+
+class _HostReads(TorchFunctionMode):
+    """Records every Tensor method call that reads a value back to the host."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in HOST_READS or (name == "to" and "cpu" in map(str, [*args[1:], *(kwargs or {}).values()])):
+            self.calls.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("family", ["urm", "gram"])
+def test_training_step_reads_nothing_back_to_the_host(family: str):
+    trainer = _trainer(family, False)
+    carry, _ = trainer._step(None, _batch(0))  # first step: optimizer state is created
+    with _HostReads() as reads:
+        for step in range(1, 3):
+            carry, metrics = trainer._step(carry, _batch(step))
+    assert reads.calls == []
+    assert all(value.device == trainer.device and value.dim() == 0 for value in metrics.values())
+
+
+def test_host_read_counter_sees_reads():
+    """The counter itself: a step that logged with .item() would be caught."""
+    with _HostReads() as reads:
+        value = torch.ones(2).sum()
+        value.item(), float(value), bool(value > 0), value.cpu(), value.to("cpu")
+    assert reads.calls == ["item", "__float__", "__bool__", "cpu", "to"]

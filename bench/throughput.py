@@ -1,14 +1,21 @@
-"""Training throughput of one worker, in-process: samples/s, tokens/s, FLOPs per step and MFU.
+"""Training throughput of one worker, in-process, eager and compiled side by side.
 
+    python bench/throughput.py --preset a --threads 2              # the issue-9 configs a, b, c
     python bench/throughput.py sudoku4-urm model.loops=8 --vocab 11 --seq-len 81 --json out.json
+    python bench/throughput.py --preset c --modes eager            # one side only
 
 A step is the trainer's own ``Trainer._step`` (ACT segment, backward, optimizers, EMA) on a random
 batch of global_batch_size / num_workers rows; bf16 autocast on CUDA as in training, else fp32.
-FLOPs are counted over one real step (TBPTL's no-grad loops count forward only); MFU = achieved /
-same-dtype matmul peak. Tokens/row = prefix + seq_len (the trainer's tokens_per_s omits prefixes).
+Eager and compiled (``train.compile=true``) trainers start from the same weights and are timed in
+interleaved rounds, so the machine's load hits both alike; each figure is the median over rounds.
+The compiled side's first steps (compilation) are reported as ``warmup_s``, not timed.
+FLOPs are counted over one real eager step (TBPTL's no-grad loops count forward only); MFU =
+achieved / same-dtype matmul peak. Tokens/row = prefix + seq_len. Peak memory: CUDA's peak
+allocation per side; on CPU the process's peak RSS (both sides share the process).
 """
 
 import argparse
+import dataclasses
 import json
 import resource
 import statistics
@@ -28,16 +35,24 @@ from urm_ray.optim import EMA, build_optimizers
 from urm_ray.tracking import NullTracker
 from urm_ray.train.loop import Trainer, _threads
 
-# FlopCounterMode (torch 2.13) counts 0 for CPU SDPA, and `channels` times too much for URM's
-# depthwise conv backward (grad weight ignores groups, pytorch PR 183405): each half = 1 forward.
+# FlopCounterMode (torch 2.13) counts 0 for CPU SDPA: each is one attention forward / backward.
 aten = torch.ops.aten
 FLOP_FIXES = {
     aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, *a, **kw:
         flop_counter.sdpa_flop_count(q, k, v),
     aten._scaled_dot_product_flash_attention_for_cpu_backward: lambda g, q, k, v, *a, **kw:
         flop_counter.sdpa_backward_flop_count(g, q, k, v),
-    aten.convolution_backward: lambda g, x, w, *a, **kw:  # a[4] transposed, a[7] output_mask
-        flop_counter.conv_flop_count(x, w, g, a[4]) * (bool(a[7][0]) + bool(a[7][1])),
+}
+# The configs of issue 9, measured against the official URM code there: 9x9 Sudoku shape
+# (81 tokens + a 1-position puzzle prefix), official H_cycles x L_cycles = loops, (H-1) x L = truncation.
+PRESETS = {
+    "a": ["sudoku4-urm", "model.hidden_size=128", "model.num_heads=8", "model.num_layers=2",
+          "model.expansion=4", "model.loops=8", "model.truncation=4", "model.puzzle_emb_dim=128",
+          "train.global_batch_size=64", "--vocab", "11", "--seq-len", "81"],
+    "b": ["sudoku4-urm", "model.truncation=2", "train.global_batch_size=128"],
+    "c": ["sudoku4-urm", "model.hidden_size=512", "model.num_heads=8", "model.num_layers=4",
+          "model.expansion=4", "model.loops=8", "model.truncation=4", "model.puzzle_emb_dim=512",
+          "train.global_batch_size=8", "--vocab", "11", "--seq-len", "81"],
 }
 
 
@@ -78,65 +93,122 @@ def analytic_flops(model: Any, cfg: RunConfig, rows: int, task: TaskSpec) -> flo
     return rows * (per_row + 6 * model.lm_head.weight.numel() * task.seq_len)
 
 
-def measure(trainer: Trainer, task: TaskSpec, warmup: int,
-            steps: int) -> tuple[int, list[float], float]:
-    """FLOPs of one counted step (the trainer's own: no drift), step seconds, CPU share."""
-    rows, rand = trainer.local_batch, partial(torch.randint, device=trainer.device)
-    batch = {"inputs": rand(task.vocab_size, (rows, task.seq_len)).int(),  # int32 [B, L]
-             "labels": rand(task.vocab_size, (rows, task.seq_len)),  # int64 [B, L]
-             "puzzle_identifiers": rand(task.num_puzzle_identifiers, (rows,)).int()}  # int32 [B]
+def random_batch(rows: int, task: TaskSpec, device: torch.device) -> dict[str, torch.Tensor]:
+    """A batch in the stream's dtypes; the step's cost does not depend on the token values."""
+    rand = partial(torch.randint, device=device)
+    return {"inputs": rand(task.vocab_size, (rows, task.seq_len)).int(),  # int32 [B, L]
+            "labels": rand(task.vocab_size, (rows, task.seq_len)),  # int64 [B, L]
+            "puzzle_identifiers": rand(task.num_puzzle_identifiers, (rows,)).int()}  # int32 [B]
+
+
+class Side:
+    """One trainer (eager or compiled) and its carry, stepped in timed rounds."""
+
+    def __init__(self, cfg: RunConfig, task: TaskSpec, device: torch.device, compiled: bool) -> None:
+        torch.manual_seed(cfg.train.seed)  # both sides start from the same weights
+        model = build_model(cfg.model, task).to(device)
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile=compiled))
+        ema = EMA(model, cfg.optim.ema_decay) if cfg.optim.ema else None
+        self.trainer = Trainer(cfg, model, model, ema, build_optimizers(model, cfg.optim),
+                               NullTracker(), device, 0, cfg.train.num_workers, task.seq_len)
+        self.batch = random_batch(self.trainer.local_batch, task, device)
+        self.carry, self.samples_per_s, self.peak_mem_mib = None, [], 0.0
+
+    def steps(self, count: int) -> float:
+        """Run ``count`` steps; seconds they took."""
+        device = self.trainer.device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        for _ in range(count):
+            self.carry, _ = self.trainer._step(self.carry, self.batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            self.peak_mem_mib = max(self.peak_mem_mib, torch.cuda.max_memory_allocated(device) / 2**20)
+        return time.perf_counter() - start
+
+
+def counted_flops(side: Side) -> int:
+    """FLOPs of one eager step, counted (the trainer's own step: no drift from the real one)."""
     with flop_counter.FlopCounterMode(display=False, custom_mapping=FLOP_FIXES) as counter:
-        carry, _ = trainer._step(None, batch)
-    seconds, cpu = [], time.process_time()
-    for _ in range(warmup + steps):  # the cost does not depend on the token values
-        step_s, (carry, _) = timed(partial(trainer._step, carry, batch), trainer.device)
-        seconds.append(step_s)
-    cpu_share = (time.process_time() - cpu) / sum(seconds) / torch.get_num_threads()  # <1: busy
-    return counter.get_total_flops(), seconds[warmup:], cpu_share
+        side.carry, _ = side.trainer._step(side.carry, side.batch)
+    return counter.get_total_flops()
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg, device = load_config(args.config, args.overrides), torch.device(args.device)
     torch.set_num_threads(args.threads or _threads(cfg))  # the trainer's rule when --threads is 0
-    torch.manual_seed(cfg.train.seed)
     task = task_spec(cfg.data, args)
-    model = build_model(cfg.model, task).to(device)
-    ema = EMA(model, cfg.optim.ema_decay) if cfg.optim.ema else None
-    trainer = Trainer(cfg, model, model, ema, build_optimizers(model, cfg.optim), NullTracker(),
-                      device, 0, cfg.train.num_workers, task.seq_len)  # world: batch size only
-    rows, bf16 = trainer.local_batch, device.type == "cuda" and cfg.train.bf16
+    sides = {mode: Side(cfg, task, device, mode == "compiled") for mode in args.modes}
+    first = next(iter(sides.values()))
+    rows, bf16 = first.trainer.local_batch, device.type == "cuda" and cfg.train.bf16
     peak_before = matmul_peak(device, bf16)
-    flops, seconds, cpu_share = measure(trainer, task, args.warmup, args.steps)
+    flops = counted_flops(sides["eager"]) if "eager" in sides else 0
+    warmup = {mode: side.steps(args.warmup) for mode, side in sides.items()}  # compiles here
+    cpu = time.process_time()
+    busy = 0.0
+    for _ in range(args.rounds):
+        for side in sides.values():
+            seconds = side.steps(args.steps)
+            busy += seconds
+            side.samples_per_s.append(rows * args.steps / seconds)
+    cpu_share = (time.process_time() - cpu) / busy / torch.get_num_threads()  # <1: machine busy
     peak = max(peak_before, matmul_peak(device, bf16))  # other processes' load varies over time
-    mean, tokens_per_row = statistics.mean(seconds), model.prefix_len + task.seq_len
-    return {
+    model, tokens_per_row = first.trainer.model, first.trainer.model.prefix_len + task.seq_len
+    result: dict[str, Any] = {
         "config": " ".join([args.config, *args.overrides]), "device": str(device),
         "dtype": "bf16" if bf16 else "fp32", "threads": torch.get_num_threads(),
         "vocab_size": task.vocab_size, "seq_len": task.seq_len, "tokens_per_row": tokens_per_row,
-        "batch_per_worker": rows, "timed_steps": args.steps, "peak_gflops": peak,
-        "parameters": sum(p.numel() for p in model.parameters()), "flops_per_step": flops,
-        "analytic_flops_per_step": analytic_flops(model, cfg, rows, task),
-        "step_s_mean": mean, "step_s_p50": statistics.median(seconds), "cpu_share": cpu_share,
-        "samples_per_s": rows / mean, "tokens_per_s": rows * tokens_per_row / mean,
-        "achieved_gflops": flops / mean / 1e9, "mfu": flops / mean / 1e9 / peak,
+        "batch_per_worker": rows, "rounds": args.rounds, "steps_per_round": args.steps,
+        "peak_gflops": peak, "parameters": sum(p.numel() for p in model.parameters()),
+        "flops_per_step": flops, "analytic_flops_per_step": analytic_flops(model, cfg, rows, task),
+        "cpu_share": cpu_share,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
     }
+    for mode, side in sides.items():
+        rate = statistics.median(side.samples_per_s)
+        result[f"{mode}_samples_per_s"] = rate
+        result[f"{mode}_tokens_per_s"] = rate * tokens_per_row
+        result[f"{mode}_warmup_s"] = warmup[mode]
+        if flops:
+            result[f"{mode}_mfu"] = flops * rate / rows / 1e9 / peak
+        if device.type == "cuda":
+            result[f"{mode}_peak_mem_mib"] = side.peak_mem_mib
+    if len(sides) == 2:
+        ratios = [c / e for e, c in zip(sides["eager"].samples_per_s, sides["compiled"].samples_per_s)]
+        result["compiled_over_eager"] = statistics.median(ratios)
+    return result
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", help="preset name or YAML path")
+    parser.add_argument("config", nargs="?", help="preset name or YAML path (or --preset)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps after the counted one")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="one of the issue-9 configs a, b, c")
+    parser.add_argument("--modes", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per round and side")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation)")
     parser.add_argument("--threads", type=int, default=0, help="0 = the config's torch threads")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--vocab", type=int, default=0, help="0 = from the dataset metadata")
     parser.add_argument("--seq-len", type=int, default=0, help="0 = from the dataset metadata")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_intermixed_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        parser.error(f"--steps={args.steps} must be >= 1 and --warmup={args.warmup} >= 0")
+    if args.preset:  # what stands where the config would is a first override
+        extra = [args.config, *args.overrides] if args.config else args.overrides
+        preset = parser.parse_intermixed_args(PRESETS[args.preset])
+        args.config, args.overrides = preset.config, [*preset.overrides, *extra]
+        args.vocab, args.seq_len = args.vocab or preset.vocab, args.seq_len or preset.seq_len
+    if not args.config:
+        parser.error("give a config (preset name or YAML path) or --preset")
+    if args.steps < 1 or args.rounds < 1 or args.warmup < 1:
+        parser.error(f"--steps={args.steps}, --rounds={args.rounds}, --warmup={args.warmup} must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse(argv)
     result = run(args)
     for key, value in result.items():  # the key names carry the units
         print(f"{key:24s}", format(value, {float: ",.4g", int: ","}.get(type(value), "")))

@@ -113,7 +113,9 @@ class _HostReads(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in HOST_READS or (name == "to" and "cpu" in map(str, [*args[1:], *(kwargs or {}).values()])):
+        # .to("cpu") written out is a copy to the host; .to(device) with the compute device
+        # (what torch's own helpers do) is not, so only the string form counts
+        if name in HOST_READS or (name == "to" and "cpu" in [*args[1:], *(kwargs or {}).values()]):
             self.calls.append(name)
         return func(*args, **(kwargs or {}))
 
@@ -135,3 +137,30 @@ def test_host_read_counter_sees_reads():
         value = torch.ones(2).sum()
         value.item(), float(value), bool(value > 0), value.cpu(), value.to("cpu")
     assert reads.calls == ["item", "__float__", "__bool__", "cpu", "to"]
+
+
+def test_a_diverging_step_is_flagged_on_the_device_and_stops_the_run():
+    """lr = 1e6 blows the weights up within a few steps: the step flags it without a host read,
+    and the check at the next report raises, naming the first bad step."""
+    from urm_ray.errors import TrainingDiverged
+    from urm_ray.train.loop import _first_nonfinite
+
+    healthy = _trainer("urm", False)
+    carry, metrics = healthy._step(None, _batch(0))
+    assert float(metrics["nonfinite"]) == 0.0
+    trainer = _trainer("urm", False)
+    trainer.cfg.optim.lr = 1e6
+    for optimizer in trainer.optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = 1e6
+    first, carry = torch.full((), -1), None
+    for step in range(1, 9):
+        carry, metrics = trainer._step(carry, _batch(step))
+        first = _first_nonfinite(first, metrics["nonfinite"], step)
+    assert 1 < int(first) <= 8
+    with pytest.raises(TrainingDiverged, match=f"non-finite loss at step {int(first)}:"):
+        trainer._stop_if_diverged(first)
+    healthy._stop_if_diverged(torch.full((), -1))  # nothing seen: no error
+    wrapped = RuntimeError(f"Worker group failed:\n  File x\n{TrainingDiverged(f'non-finite loss at step 7: why')}\n")
+    assert str(TrainingDiverged.find(wrapped)) == "non-finite loss at step 7: why"
+    assert TrainingDiverged.find(RuntimeError("other")) is None

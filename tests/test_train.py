@@ -74,3 +74,27 @@ def test_missing_dataset_fails_before_work(tmp_path: Path):
 def test_unplaceable_workers_fail_at_once(ray_local, tmp_path: Path, sudoku4: Path):
     with pytest.raises(ConfigError, match="train.num_workers=4"):
         fit(_config(tmp_path, sudoku4, "train.num_workers=4", "train.global_batch_size=128"))
+
+
+def test_a_diverging_run_fails_with_its_reason_and_no_checkpoint(ray_local, tmp_path: Path, sudoku4: Path,
+                                                                  capsys):
+    """optim.lr=1e6: the loss turns inf/nan within a few steps. The command exits non-zero with one
+    line naming the step, the MLflow run is FAILED with that reason, and no checkpoint exists."""
+    from urm_ray.cli import main
+
+    overrides = [f"data.path={sudoku4}", f"train.storage_path={tmp_path / 'runs'}",
+                 f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", "tracking.experiment=test",
+                 "optim.lr=1e6", "optim.warmup_steps=0", "train.steps=40", "train.log_every=10",
+                 "train.eval_every=20", "train.checkpoint_every=20", "train.run_name=nan"]
+    assert main(["train", "sudoku4-urm", *overrides]) == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("urm-ray: training failed: non-finite loss at step "), error
+    step = int(error.split("at step ")[1].split(":")[0])
+    assert 1 <= step <= 10  # stopped at the first report, before any evaluation or checkpoint
+    run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_runs(
+        [MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_experiment_by_name("test").experiment_id])[0]
+    assert run.info.status == "FAILED"
+    assert run.data.tags["urm_ray.fate"] == "failed"
+    assert run.data.tags["urm_ray.fate_reason"].startswith(f"non-finite loss at step {step}")
+    assert "eval/exact_accuracy" not in run.data.metrics
+    assert not list((tmp_path / "runs").rglob("checkpoint_*"))

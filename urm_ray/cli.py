@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from urm_ray.errors import ConfigError, DataError
+from urm_ray.errors import ConfigError, DataError, TrainingDiverged
 
 
 def _presets(args: argparse.Namespace) -> None:
@@ -320,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as err:
         print(f"urm-ray: error: {err}", file=sys.stderr)
         return 2
+    except TrainingDiverged as err:
+        print(f"urm-ray: training failed: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

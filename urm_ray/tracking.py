@@ -20,6 +20,8 @@ from mlflow.tracking import MlflowClient
 
 RUN_NAME_TAG = "urm_ray.run_name"
 PARENT_TAG = "mlflow.parentRunId"
+FATE_TAG = "urm_ray.fate"  # completed, pruned, failed
+REASON_TAG = "urm_ray.fate_reason"
 _BATCH_LIMIT = 100  # MLflow accepts at most 100 params per log_batch call
 
 
@@ -47,13 +49,22 @@ class NullTracker:
 
 
 class MlflowTracker:
-    """Logs into an existing MLflow run by id (batched metric calls)."""
+    """Logs into an existing MLflow run by id (batched metric calls).
 
-    def __init__(self, tracking_uri: str, run_id: str) -> None:
+    At most one value per metric and step, whatever restarts happened: a run resumed from a
+    checkpoint replays the steps between that checkpoint and the crash, and those steps (up to
+    the last one the run already logged, ``logged_until``) are not logged a second time.
+    """
+
+    def __init__(self, tracking_uri: str, run_id: str, step_key: str = "train/lr") -> None:
         self.client = MlflowClient(tracking_uri)
         self.run_id = run_id
+        history = self.client.get_metric_history(run_id, step_key)  # logged at every report
+        self.logged_until = max((m.step for m in history), default=-1)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        if step <= self.logged_until:
+            return
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
         self.client.log_batch(self.run_id, metrics=batch)

@@ -24,8 +24,9 @@ from urm_ray import tracking
 from urm_ray.cluster import scaled_up
 from urm_ray.config import RunConfig, dump_yaml, flatten
 from urm_ray.data import builtin, stream
-from urm_ray.errors import ConfigError
+from urm_ray.errors import ConfigError, TrainingDiverged
 from urm_ray.train.loop import train_loop_per_worker
+from urm_ray.tracking import FATE_TAG, REASON_TAG
 from urm_ray.typed import to_dict
 
 DATA_CPU_RESERVE = 0.5  # CPU kept free for Ray Data's read/augment tasks (else ingest starves)
@@ -159,9 +160,15 @@ def _fit(cfg: RunConfig, tags: dict[str, str] | None, callbacks: list[Any] | Non
     run_id = _open_mlflow(cfg, tags, params)
     try:
         result = build_trainer(cfg, run_id, gpu, callbacks).fit()
-    except BaseException:
+    except BaseException as err:
+        diverged = TrainingDiverged.find(err)
         if run_id:
+            if diverged is not None:
+                tracking.set_tags(cfg.tracking.tracking_uri, run_id,
+                                  {FATE_TAG: "failed", REASON_TAG: str(diverged)})
             tracking.close_run(cfg.tracking.tracking_uri, run_id, "FAILED")
+        if diverged is not None:  # the reason in one line, not Ray's worker traceback
+            raise diverged from None
         raise
     ckpt_path = checkpoint_uri(result.checkpoint)
     if run_id:

@@ -24,6 +24,7 @@ from torch import nn
 from urm_ray.config import RunConfig, TrainConfig, build_config
 from urm_ray.data import stream
 from urm_ray.data.tasks.verify import Verifier, optional_verifier, verifier_for
+from urm_ray.errors import TrainingDiverged
 from urm_ray.losses import act_loss
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
@@ -65,6 +66,11 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 def _per_row(metric: str) -> bool:
     """Losses and the KL are summed over every row; the other metrics over halted rows only."""
     return metric.endswith("_loss") or metric == "kl"
+
+
+def _first_nonfinite(first: torch.Tensor, nonfinite: torch.Tensor, step: int) -> torch.Tensor:
+    """The first step whose loss or gradients were not finite (-1: none yet); stays on the device."""
+    return torch.where((first < 0) & (nonfinite > 0), step, first)
 
 
 def _every(period: int, step: int) -> bool:
@@ -114,7 +120,7 @@ class Trainer:
     def run(self, position: Position) -> None:
         cfg = self.cfg.train
         batches = self._batches(position)
-        carry = None
+        carry, first_nonfinite = None, torch.full((), -1, device=self.device)
         sums: dict[str, torch.Tensor] = {}
         window_start, window_steps = time.perf_counter(), 0
         while position.step < cfg.steps:
@@ -123,9 +129,11 @@ class Trainer:
             carry, metrics = self._step(carry, batch)
             position.step += 1
             window_steps += 1
+            first_nonfinite = _first_nonfinite(first_nonfinite, metrics.pop("nonfinite"), position.step)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0) + value
             if _report_due(cfg, position.step):
+                self._stop_if_diverged(first_nonfinite)
                 elapsed = time.perf_counter() - window_start
                 report = self._train_metrics(sums, window_steps, elapsed, lr)
                 self._report(position, report)
@@ -172,8 +180,12 @@ class Trainer:
         # Official scaling: sum over the global batch / global batch size. DDP averages
         # gradients over ranks, so each rank divides by its local batch size.
         (loss / self.local_batch).backward()
+        params = [p for p in self.model.parameters() if p.grad is not None]
         if self.cfg.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.grad_clip)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        metrics["nonfinite"] = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
         for opt in self.optimizers:
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -182,6 +194,16 @@ class Trainer:
         # metrics stay on the device (no host sync per step); ``run`` sums them there and reads
         # them at the report steps
         return carry, {k: v.detach().double() for k, v in metrics.items()}
+
+    def _stop_if_diverged(self, first_nonfinite: torch.Tensor) -> None:
+        """Raise TrainingDiverged (on every rank alike) if any rank saw a non-finite loss or
+        gradient since the start: before evaluating or writing a checkpoint of broken weights."""
+        seen = self._all_reduce({"nonfinite": (first_nonfinite >= 0).double()})["nonfinite"]
+        if float(seen) > 0:
+            step = int(first_nonfinite)
+            where = f" {step}" if step >= 0 else " (on another rank)"
+            raise TrainingDiverged(f"{TrainingDiverged.PREFIX}{where}: the loss or the gradient norm is "
+                                   "inf or nan; no checkpoint was written after it")
 
     def _all_reduce(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self.world == 1 or not dist.is_initialized():

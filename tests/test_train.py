@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from urm_ray.config import load_config
 from urm_ray.data.tasks import sudoku
 from urm_ray.errors import ConfigError, DataError
-from urm_ray.train.driver import fit
+from urm_ray.train.driver import check_storage, fit
 from urm_ray.train.offline import evaluate_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -69,6 +69,18 @@ def test_a_run_learns_and_is_recorded_in_mlflow(ray_local, tmp_path: Path, sudok
 def test_missing_dataset_fails_before_work(tmp_path: Path):
     with pytest.raises(DataError, match="metadata.json"):
         fit(_config(tmp_path, tmp_path / "nowhere"))
+
+
+def test_unwritable_storage_fails_before_ray(tmp_path: Path, sudoku4: Path):
+    import ray
+
+    was_up = ray.is_initialized()
+    with pytest.raises(ConfigError, match="train.storage_path='/proc/nope/runs': checkpoints cannot be written"):
+        fit(_config(tmp_path, sudoku4, "train.storage_path=/proc/nope/runs"))
+    assert ray.is_initialized() == was_up  # refused before Ray was started
+    fit_dir = tmp_path / "fresh" / "runs"
+    check_storage(str(fit_dir))  # a missing local folder is created, and the probe removed
+    assert fit_dir.is_dir() and not list(fit_dir.iterdir())
 
 
 def test_unplaceable_workers_fail_at_once(ray_local, tmp_path: Path, sudoku4: Path):

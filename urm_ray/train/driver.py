@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow
+import pyarrow.fs
 import ray
 import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
@@ -60,6 +63,25 @@ def resolve(cfg: RunConfig) -> RunConfig:
         train=replace(train, run_name=name, storage_path=storage),
         tracking=replace(cfg.tracking, tracking_uri=uri),
     )
+
+
+def check_storage(storage_path: str) -> None:
+    """Fail before Ray starts when checkpoints cannot be written there: one small write and delete
+    (a local folder, created if missing, or s3://bucket/prefix)."""
+    probe = f".urm_ray_write_probe_{uuid.uuid4().hex}"
+    try:
+        if "://" in storage_path:
+            fs, root = pyarrow.fs.FileSystem.from_uri(storage_path)
+        else:
+            fs, root = pyarrow.fs.LocalFileSystem(), storage_path
+        fs.create_dir(root, recursive=True)
+        path = f"{root.rstrip('/')}/{probe}"
+        with fs.open_output_stream(path) as out:
+            out.write(b"urm_ray")
+        fs.delete_file(path)
+    except (OSError, pyarrow.ArrowException) as err:
+        raise ConfigError(f"train.storage_path={storage_path!r}: checkpoints cannot be written there "
+                          f"({err}); expected a writable folder or s3://bucket/prefix") from err
 
 
 def use_gpu(cfg: RunConfig) -> bool:
@@ -140,6 +162,7 @@ def fit(
     """
     cfg = resolve(cfg)
     stream.load_meta(cfg.data)  # a missing or malformed dataset fails here, before Ray starts
+    check_storage(cfg.train.storage_path)
     if not ray.is_initialized():
         ray.init()
     with scaled_up(worker_bundles(cfg), scale_up_s):

@@ -129,6 +129,29 @@ def test_metadata_errors_name_file_and_key(tmp_path, edit, message):
     assert str(tmp_path / "d" / "metadata.json") in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda m: m.update(seq_len=81), "column 'inputs' holds 3 tokens per row, but metadata.json says seq_len=81"),
+        (lambda m: m.update(vocab_size=3), r"token ids in \[0, 4\], outside metadata.json's vocab_size=3"),
+        (lambda m: m["splits"]["train"].update(num_rows=7), "split 'train' has num_rows=7, but its files hold 4"),
+    ],
+)
+def test_metadata_is_checked_against_the_parquet_footers(tmp_path, edit, message):
+    store.write_dataset(tmp_path / "d", {"train": _columns()}, _meta())
+    _edit_metadata(tmp_path / "d", edit)
+    with pytest.raises(DataError, match=message):
+        store.read_metadata(tmp_path / "d")
+
+
+def test_a_truncated_parquet_file_is_named(tmp_path):
+    store.write_dataset(tmp_path / "d", {"train": _columns(), "test": _columns(2)}, _meta())
+    part = tmp_path / "d" / "test" / "part-00000.parquet"
+    part.write_bytes(part.read_bytes()[:-20])  # a copy cut short: the footer is gone
+    with pytest.raises(DataError, match=f"{part}: not a readable Parquet file"):
+        store.read_metadata(tmp_path / "d")
+
+
 def test_folder_without_metadata(tmp_path):
     with pytest.raises(DataError, match="metadata.json: not found"):
         store.read_metadata(tmp_path)

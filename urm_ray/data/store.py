@@ -157,12 +157,56 @@ def _splits_from_dict(raw: Any, meta_file: Path) -> dict[str, SplitInfo]:
 
 
 def _check_split_files(meta: DatasetMeta, root: Path, meta_file: Path) -> None:
+    """Every split file exists, has a readable Parquet footer, and agrees with the metadata:
+    row counts, the token columns' length (seq_len) and, from the footer's statistics, the
+    token range (vocab_size, ignore_label). Footers only: no data page is read."""
     for name, info in meta.splits.items():
+        rows = 0
         for rel in info.files:
-            if not (root / rel).is_file():
+            path = root / rel
+            if not path.is_file():
                 raise DataError(
                     f"{meta_file}: file {rel!r} of split {name!r} does not exist under {root}"
                 )
+            rows += _check_parquet_file(meta, path)
+        if rows != info.num_rows:
+            raise DataError(f"{meta_file}: split {name!r} has num_rows={info.num_rows}, but its "
+                            f"files hold {rows} rows")
+
+
+def _check_parquet_file(meta: DatasetMeta, path: Path) -> int:
+    """Rows of one split file, after checking its footer against the metadata."""
+    try:
+        parquet = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as err:
+        raise DataError(f"{path}: not a readable Parquet file ({err})") from err
+    schema = parquet.schema_arrow
+    for column, low in (("inputs", 0), ("labels", min(0, meta.ignore_label))):
+        if column not in schema.names or not pa.types.is_fixed_size_list(schema.field(column).type):
+            raise DataError(f"{path}: expected a fixed_size_list column {column!r}; columns: {schema.names}")
+        length = schema.field(column).type.list_size
+        if length != meta.seq_len:
+            raise DataError(f"{path}: column {column!r} holds {length} tokens per row, but metadata.json "
+                            f"says seq_len={meta.seq_len}")
+        lowest, highest = _column_range(parquet, column)
+        if lowest is not None and (lowest < low or highest >= meta.vocab_size):
+            raise DataError(f"{path}: column {column!r} holds token ids in [{lowest}, {highest}], outside "
+                            f"metadata.json's vocab_size={meta.vocab_size} (ignore_label {meta.ignore_label})")
+    return parquet.metadata.num_rows
+
+
+def _column_range(parquet: pq.ParquetFile, column: str) -> tuple[int | None, int | None]:
+    """(min, max) of a list column's values from the row groups' statistics; (None, None) if absent."""
+    lows, highs = [], []
+    leaf = next((i for i in range(parquet.metadata.num_columns)
+                 if parquet.metadata.schema.column(i).path.split(".")[0] == column), None)
+    for group in range(parquet.metadata.num_row_groups):
+        stats = parquet.metadata.row_group(group).column(leaf).statistics
+        if stats is None or not stats.has_min_max:
+            return None, None
+        lows.append(stats.min)
+        highs.append(stats.max)
+    return (min(lows), max(highs)) if lows else (None, None)
 
 
 def split_paths(path: str | os.PathLike, meta: DatasetMeta, split: str) -> list[str]:

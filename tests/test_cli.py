@@ -29,3 +29,19 @@ def test_bad_override_is_a_clean_error(capsys):
 def test_csv_flags_must_come_together(tmp_path: Path, capsys):
     assert main(["data", "sudoku", "--out", str(tmp_path / "x"), "--train-csv", "a.csv"]) == 2
     assert "--test-csv" in capsys.readouterr().err
+
+
+def test_data_commands_refuse_an_existing_out_before_reading_input(tmp_path: Path, capsys):
+    out = tmp_path / "s4"
+    args = ["data", "sudoku", "--out", str(out), "--size", "4", "--num-train", "20", "--num-test", "5",
+            "--blanks", "6"]
+    assert main(args) == 0
+    missing_csv = ["--train-csv", str(tmp_path / "no.csv"), "--test-csv", str(tmp_path / "no.csv")]
+    assert main(["data", "maze", "--out", str(out), *missing_csv]) == 2  # not "no.csv not found"
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert main([*args, "--overwrite", "--seed", "3"]) == 0
+
+
+def test_eval_of_a_folder_that_is_no_checkpoint_is_a_clean_error(tmp_path: Path, capsys):
+    assert main(["eval", str(tmp_path / "nope")]) == 2
+    assert "not a urm_ray checkpoint folder (config.yaml is missing)" in capsys.readouterr().err

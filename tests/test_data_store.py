@@ -98,6 +98,17 @@ def test_existing_folder_needs_overwrite(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
 
 
+def test_overwrite_never_replaces_a_folder_that_is_not_a_dataset(tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "thesis.tex").write_text("years of work")
+    with pytest.raises(DataError, match="is not a urm_ray dataset"):
+        store.write_dataset(notes, {"train": _columns()}, _meta(), overwrite=True)
+    assert (notes / "thesis.tex").read_text() == "years of work"
+    (tmp_path / "empty").mkdir()
+    store.write_dataset(tmp_path / "empty", {"train": _columns()}, _meta(), overwrite=True)
+
+
 def _edit_metadata(folder, edit) -> None:
     path = folder / store.METADATA_FILE
     raw = json.loads(path.read_text())

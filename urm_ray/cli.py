@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from urm_ray.data.store import check_output_folder
 from urm_ray.errors import ConfigError, DataError, TrainingDiverged
 
 
@@ -67,6 +68,7 @@ def _eval(args: argparse.Namespace) -> None:
 def _data_arc(args: argparse.Namespace) -> None:
     from urm_ray.data.tasks import arc
 
+    check_output_folder(args.out, args.overwrite)  # before reading any input
     meta = arc.build(args.out, args.source, subsets=args.subsets, test_set=args.test_set,
                      prefix=args.prefix, overwrite=args.overwrite)
     print(f"wrote {args.out}: {meta.build['num_tasks']} tasks, pairs {meta.build['num_pairs']}")
@@ -114,17 +116,19 @@ def _final(args: argparse.Namespace) -> None:
 def _data_sudoku(args: argparse.Namespace) -> None:
     from urm_ray.data.tasks import sudoku
 
+    check_output_folder(args.out, args.overwrite)  # before reading any input
     if bool(args.train_csv) != bool(args.test_csv):
         raise ConfigError("--train-csv and --test-csv go together")
     if args.train_csv:
         sudoku.build_from_csv(
             args.out, args.train_csv, args.test_csv, size=args.size, subsample=args.subsample,
-            seed=args.seed, num_augmentations=args.num_augmentations,
+            seed=args.seed, num_augmentations=args.num_augmentations, overwrite=args.overwrite,
         )
     else:
         sudoku.build_generated(
             args.out, size=args.size, num_train=args.num_train, num_test=args.num_test,
             blanks=args.blanks, seed=args.seed, num_augmentations=args.num_augmentations,
+            overwrite=args.overwrite,
         )
     print(f"wrote {args.out}")
 
@@ -132,16 +136,17 @@ def _data_sudoku(args: argparse.Namespace) -> None:
 def _data_maze(args: argparse.Namespace) -> None:
     from urm_ray.data.tasks import maze
 
+    check_output_folder(args.out, args.overwrite)  # before reading any input
     if bool(args.train_csv) != bool(args.test_csv):
         raise ConfigError("--train-csv and --test-csv go together")
     if args.train_csv:
-        maze.build_from_csv(args.out, args.train_csv, args.test_csv)
+        maze.build_from_csv(args.out, args.train_csv, args.test_csv, overwrite=args.overwrite)
         print(f"wrote {args.out}")
         return
     maze.build_generated(
         args.out, n=args.size, num_train=args.num_train, num_test=args.num_test,
         min_path=args.min_path, max_path=args.max_path, loop_prob=args.loop_prob,
-        unique_path=args.unique_path, seed=args.seed,
+        unique_path=args.unique_path, seed=args.seed, overwrite=args.overwrite,
     )
     print(f"wrote {args.out}")
 
@@ -149,16 +154,18 @@ def _data_maze(args: argparse.Namespace) -> None:
 def _data_nqueens(args: argparse.Namespace) -> None:
     from urm_ray.data.tasks import nqueens
 
-    nqueens.build_unconditional(args.out, n=args.size, repeats=args.repeats)
+    check_output_folder(args.out, args.overwrite)  # before reading any input
+    nqueens.build_unconditional(args.out, n=args.size, repeats=args.repeats, overwrite=args.overwrite)
     print(f"wrote {args.out}")
 
 
 def _data_coloring(args: argparse.Namespace) -> None:
     from urm_ray.data.tasks import coloring
 
+    check_output_folder(args.out, args.overwrite)  # before reading any input
     coloring.build_generated(
         args.out, n=args.nodes, colors=args.colors, num_train=args.num_train,
-        num_test=args.num_test, edge_prob=args.edge_prob, seed=args.seed,
+        num_test=args.num_test, edge_prob=args.edge_prob, seed=args.seed, overwrite=args.overwrite,
     )
     print(f"wrote {args.out}")
 
@@ -180,12 +187,14 @@ def _add_data_parsers(data: argparse._SubParsersAction) -> None:
     m.add_argument("--train-csv", help="convert the official maze CSV (source,question,answer,"
                                        "rating; cells '# SGo') instead of generating")
     m.add_argument("--test-csv", help="held-out CSV (with --train-csv)")
+    m.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     m.set_defaults(func=_data_maze)
 
     q = data.add_parser("nqueens", help="every n-queens solution as labels of the empty board")
     q.add_argument("--out", required=True, help="dataset folder to create")
     q.add_argument("--size", type=int, default=8, help="board side n")
     q.add_argument("--repeats", type=int, default=64, help="copies of each solution in train")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     q.set_defaults(func=_data_nqueens)
 
     c = data.add_parser("coloring", help="random k-colourable graphs (planted colouring)")
@@ -197,6 +206,7 @@ def _add_data_parsers(data: argparse._SubParsersAction) -> None:
     c.add_argument("--num-train", type=int, default=5000)
     c.add_argument("--num-test", type=int, default=500)
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     c.set_defaults(func=_data_coloring)
 
 
@@ -244,6 +254,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--num-augmentations", type=int, default=0,
                    help="K augmentations per puzzle the dataset is meant for (recorded in"
                         " metadata; train with data.num_augmentations=K); 0 = not set")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     s.set_defaults(func=_data_sudoku)
     _add_data_parsers(data)
 
@@ -257,7 +268,7 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--test-set", default="evaluation",
                    help="subset whose test pairs are held out (its demonstrations train)")
     a.add_argument("--prefix", default="arc-agi", help="Kaggle file prefix")
-    a.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    a.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     a.set_defaults(func=_data_arc)
     return parser
 

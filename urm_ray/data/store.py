@@ -265,9 +265,7 @@ def write_dataset_chunks(
 
     Chunks are validated as they arrive; an error names the split and the row counted from the
     split's start, and leaves nothing behind (the temporary folder is removed)."""
-    out = Path(out_dir).resolve()
-    if out.exists() and not overwrite:
-        raise DataError(f"{out}: already exists; pass overwrite=True to replace it")
+    out = check_output_folder(out_dir, overwrite)
     if not splits:
         raise DataError(f"{out}: no splits to write")
     if rows_per_file < 1:
@@ -468,6 +466,20 @@ def _check_range(
             f"split {split!r} row {offset + row}: {column} has value {value} outside"
             f" [{lo}, {hi}){extra}"
         )
+
+
+def check_output_folder(out_dir: str | os.PathLike, overwrite: bool) -> Path:
+    """``out_dir`` resolved, when a dataset may be written there: it does not exist, or
+    ``overwrite`` is set and it holds a dataset (its metadata.json) or nothing. Builders call it
+    before any work; a folder that is not a dataset is never replaced."""
+    out = Path(out_dir).resolve()
+    if not out.exists():
+        return out
+    if not overwrite:
+        raise DataError(f"{out}: already exists; pass --overwrite (overwrite=True in Python) to replace it")
+    if out.is_dir() and ((out / METADATA_FILE).is_file() or not any(out.iterdir())):
+        return out
+    raise DataError(f"{out}: exists and is not a urm_ray dataset (no {METADATA_FILE}); not replacing it")
 
 
 def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import yaml
 
+from urm_ray.errors import DataError
+
 STATE_FILE = "state.pt"
 CONFIG_FILE = "config.yaml"
 
@@ -70,7 +72,8 @@ def load_state(folder: Path) -> dict[str, Any]:
 def load_config_dict(folder: Path) -> dict[str, Any]:
     path = folder / CONFIG_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{folder} is not a urm_ray checkpoint: {CONFIG_FILE} is missing")
+        raise DataError(f"{folder}: not a urm_ray checkpoint folder ({CONFIG_FILE} is missing); expected "
+                        "a checkpoint_<time> folder under train.storage_path/<run_name>")
     return yaml.safe_load(path.read_text())
 
 

@@ -74,6 +74,13 @@ def test_valid_space_and_overrides(tmp_path: Path):
       "model.loops": {"type": "int", "low": 2, "high": 6}}, "declared later"),
     ({"model.loops": {"type": "float", "low": 2, "high": 6}}, "model.loops"),
     ({"train.steps": {"type": "int", "low": 100, "high": 200}}, "train.steps: set by the sweep"),
+    # inside the range, not at its ends: loops = 3 gives a bound of 1.5
+    ({"model.loops": {"type": "int", "low": 2, "high": 8},
+      "model.truncation": {"type": "int", "low": 0, "high": "model.loops / 2"}},
+     r"model.truncation: high=1.5 is not an integer when model.loops=3"),
+    # 64 and 128 split into 4 heads of an even size, 68 does not
+    ({"model.hidden_size": {"type": "int", "low": 64, "high": 128, "step": 4}},
+     r"impossible combination \{'model.hidden_size': 68\}.*model.hidden_size=68 must be divisible"),
 ])
 def test_bad_spaces_name_the_parameter(tmp_path: Path, params, match):
     with pytest.raises(ConfigError, match=match):

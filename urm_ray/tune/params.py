@@ -23,6 +23,9 @@ Kind = Literal["int", "log_int", "float", "log_float", "categorical"]
 Value = Any  # int, float, str or bool
 
 
+MAX_GRID = 33  # integer values per parameter that validation tries
+
+
 @dataclass
 class ParamSpec:
     """A parameter as written in a search-space YAML file."""
@@ -84,12 +87,23 @@ class Param:
             return int(number)
         return float(number)
 
-    def corners(self, env: Mapping[str, float]) -> list[Value]:
-        """The values a validation pass tries: every choice, or both ends of the range."""
+    def grid(self, env: Mapping[str, float]) -> list[Value]:
+        """The values a validation pass tries: every choice; every value of an integer range (at
+        most MAX_GRID of them, evenly spread, the ends included); a float range's ends and middle
+        (geometric for log ranges)."""
         if self.kind == "categorical":
             return list(self.choices)
         low, high = self.bounds(env)
-        return [low] if low == high else [low, high]
+        if self.kind.endswith("int"):
+            values = list(range(int(low), int(high) + 1, int(self.step or 1)))
+            if len(values) > MAX_GRID:
+                picks = sorted({round(i * (len(values) - 1) / (MAX_GRID - 1)) for i in range(MAX_GRID)})
+                values = [values[i] for i in picks]
+            return values
+        if low == high:
+            return [low]
+        middle = math.sqrt(low * high) if self.kind.startswith("log") else (low + high) / 2
+        return [low, middle, high]
 
     def suggest(self, trial: optuna.Trial, env: Mapping[str, float]) -> Value:
         """Ask Optuna for this parameter (define-by-run: bounds computed from ``env``)."""

@@ -34,7 +34,7 @@ CONFIG_SECTIONS = ("model", *SECTIONS)
 # Set by the sweep itself (names, paths, resources) or fixed for fair comparison (length).
 NOT_SEARCHABLE = ("train.steps", "train.run_name", "train.storage_path", "train.num_workers",
                   "train.cpus_per_worker", "train.gpus_per_worker", "train.device", "data.path")
-MAX_CORNERS = 4096  # combinations tried by validation; beyond this a seeded sample of them
+MAX_COMBINATIONS = 4096  # combinations of grid values that validation tries, at most
 REPO_SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
 
 
@@ -216,7 +216,7 @@ def validate(space: SearchSpace) -> None:
                           "resume) in MLflow")
     _check_objectives(space)
     _check_scheduler(space)
-    _check_corners(space)
+    _check_grid(space)
     for point in spec.start_from:
         _check_point(space, point)
 
@@ -265,25 +265,27 @@ def _check_scheduler(space: SearchSpace) -> None:
         raise ConfigError(f"scheduler.reduction_factor={sched.reduction_factor} must be > 1")
 
 
-def _check_corners(space: SearchSpace) -> None:
-    """Build the config at every combination of range ends (dependent bounds evaluated)."""
+def _check_grid(space: SearchSpace) -> None:
+    """Build the config at every combination of the parameters' grid values (every integer and
+    choice, a float range's ends and middle; dependent bounds evaluated at each), up to
+    MAX_COMBINATIONS of them, so an impossible combination is named before any trial starts."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "has no effect" warnings are not errors here
-        for values in itertools.islice(_corners(space, 0, {}), MAX_CORNERS):
+        for values in itertools.islice(_grid(space, 0, {}), MAX_COMBINATIONS):
             try:
                 space.trial_config(values)
             except ConfigError as err:
                 raise ConfigError(f"impossible combination {values}: {err}") from err
 
 
-def _corners(space: SearchSpace, index: int, values: dict[str, Value]) -> Iterator[dict[str, Value]]:
+def _grid(space: SearchSpace, index: int, values: dict[str, Value]) -> Iterator[dict[str, Value]]:
     if index == len(space.params):
         yield dict(values)
         return
     param = space.params[index]
-    for value in param.corners(space.env(values)):
+    for value in param.grid(space.env(values)):
         values[param.key] = value
-        yield from _corners(space, index + 1, values)
+        yield from _grid(space, index + 1, values)
     values.pop(param.key, None)
 
 

@@ -7,24 +7,11 @@ import torch
 import torch._inductor.config
 from torch.overrides import TorchFunctionMode
 
-from urm_ray.config import load_config
-from urm_ray.models.registry import TaskSpec, build_model
-from urm_ray.optim import EMA, build_optimizers
-from urm_ray.tracking import NullTracker
 from urm_ray.train.compiled import compile_enabled
 from urm_ray.train.loop import Trainer
 
-TASK = TaskSpec(vocab_size=6, seq_len=16, num_puzzle_identifiers=5)
-SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.expansion=1.0", "train.global_batch_size=8",
-         "optim.warmup_steps=0", "model.halt_exploration_prob=0.5"]
-# every family, with the puzzle embedding on where the family's preset has it off
-FAMILIES = {
-    "urm": ["model.loops=3", "model.truncation=1", "model.puzzle_emb_dim=32"],
-    "hrm": ["model.h_layers=1", "model.l_layers=1", "model.h_cycles=2", "model.l_cycles=2"],
-    "trm": ["model.num_layers=1", "model.h_cycles=2", "model.l_cycles=2"],
-    "gram": ["model.num_layers=1", "model.latent_dim=8"],
-    "transformer": ["model.num_layers=2", "model.max_segments=2"],
-}
+from tiny import FAMILIES, batch, trainer
+
 # Tensor methods that copy a device value to the host (a sync on CUDA)
 HOST_READS = {"item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"}
 
@@ -34,24 +21,6 @@ def _assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, name: str, t
     so single elements near zero differ by more than tol of themselves."""
     error = (actual.double() - expected.double()).norm() / expected.double().norm().clamp_min(1e-12)
     assert error <= tol, f"{name}: relative error {error:.2e} > {tol:.0e}"
-
-
-def _trainer(family: str, compiled: bool) -> Trainer:
-    overrides = [*SMALL, *FAMILIES[family], f"train.compile={str(compiled).lower()}"]
-    cfg = load_config(f"sudoku4-{family}", overrides)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, TASK)
-    ema = EMA(model, cfg.optim.ema_decay)
-    return Trainer(cfg, model, model, ema, build_optimizers(model, cfg.optim), NullTracker(),
-                   torch.device("cpu"), 0, 1, TASK.seq_len)
-
-
-def _batch(seed: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    inputs = torch.randint(0, TASK.vocab_size, (8, TASK.seq_len), generator=gen, dtype=torch.int32)
-    labels = torch.where(torch.rand(8, TASK.seq_len, generator=gen) < 0.2, -100, inputs.long())
-    ids = torch.randint(0, TASK.num_puzzle_identifiers, (8,), generator=gen, dtype=torch.int32)
-    return {"inputs": inputs, "labels": labels, "puzzle_identifiers": ids}
 
 
 def _loss_and_grads(trainer: Trainer, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
@@ -66,22 +35,22 @@ def _loss_and_grads(trainer: Trainer, batch: dict[str, torch.Tensor]) -> tuple[t
     return loss.detach(), grads
 
 
-def _three_steps(trainer: Trainer) -> list[dict[str, torch.Tensor]]:
+def _three_steps(tiny: Trainer) -> list[dict[str, torch.Tensor]]:
     torch.manual_seed(2)  # ACT exploration and GRAM's noise draw the same numbers on both sides
     carry, metrics = None, []
     for step in range(3):
-        carry, step_metrics = trainer._step(carry, _batch(step))
+        carry, step_metrics = tiny._step(carry, batch(step))
         metrics.append(step_metrics)
     return metrics
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_compiled_step_equals_eager(family: str):
-    eager, compiled = _trainer(family, False), _trainer(family, True)
+    eager, compiled = trainer(family, False), trainer(family, True)
     assert compiled.model.core is not eager.model.core.__func__.__get__(compiled.model)  # compiled
     with torch._inductor.config.patch(fallback_random=True):  # compiled randn = eager's stream
-        loss_e, grads_e = _loss_and_grads(eager, _batch(0))
-        loss_c, grads_c = _loss_and_grads(compiled, _batch(0))
+        loss_e, grads_e = _loss_and_grads(eager, batch(0))
+        loss_c, grads_c = _loss_and_grads(compiled, batch(0))
         _assert_rel_close(loss_c, loss_e, "loss")
         assert grads_e and grads_c.keys() == grads_e.keys()
         for name, grad in grads_e.items():
@@ -122,13 +91,13 @@ class _HostReads(TorchFunctionMode):
 
 @pytest.mark.parametrize("family", ["urm", "gram"])
 def test_training_step_reads_nothing_back_to_the_host(family: str):
-    trainer = _trainer(family, False)
-    carry, _ = trainer._step(None, _batch(0))  # first step: optimizer state is created
+    tiny = trainer(family, False)
+    carry, _ = tiny._step(None, batch(0))  # first step: optimizer state is created
     with _HostReads() as reads:
         for step in range(1, 3):
-            carry, metrics = trainer._step(carry, _batch(step))
+            carry, metrics = tiny._step(carry, batch(step))
     assert reads.calls == []
-    assert all(value.device == trainer.device and value.dim() == 0 for value in metrics.values())
+    assert all(value.device == tiny.device and value.dim() == 0 for value in metrics.values())
 
 
 def test_host_read_counter_sees_reads():
@@ -145,21 +114,20 @@ def test_a_diverging_step_is_flagged_on_the_device_and_stops_the_run():
     from urm_ray.errors import TrainingDiverged
     from urm_ray.train.loop import _first_nonfinite
 
-    healthy = _trainer("urm", False)
-    carry, metrics = healthy._step(None, _batch(0))
+    healthy = trainer("urm", False)
+    carry, metrics = healthy._step(None, batch(0))
     assert float(metrics["nonfinite"]) == 0.0
-    trainer = _trainer("urm", False)
-    trainer.cfg.optim.lr = 1e6
-    for optimizer in trainer.optimizers:
+    diverging = trainer("urm", False)
+    for optimizer in diverging.optimizers:
         for group in optimizer.param_groups:
             group["lr"] = 1e6
     first, carry = torch.full((), -1), None
     for step in range(1, 9):
-        carry, metrics = trainer._step(carry, _batch(step))
+        carry, metrics = diverging._step(carry, batch(step))
         first = _first_nonfinite(first, metrics["nonfinite"], step)
     assert 1 < int(first) <= 8
     with pytest.raises(TrainingDiverged, match=f"non-finite loss at step {int(first)}:"):
-        trainer._stop_if_diverged(first)
+        diverging._stop_if_diverged(first)
     healthy._stop_if_diverged(torch.full((), -1))  # nothing seen: no error
     wrapped = RuntimeError(f"Worker group failed:\n  File x\n{TrainingDiverged(f'non-finite loss at step 7: why')}\n")
     assert str(TrainingDiverged.find(wrapped)) == "non-finite loss at step 7: why"

@@ -1,7 +1,10 @@
 """Training checkpoints: everything needed to rebuild and resume a run from one folder.
 
-A checkpoint folder holds ``state.pt`` (model, EMA, optimizers, step, data position, RNG states)
-and ``config.yaml`` (the resolved run config), so ``urm-ray eval`` and resume need nothing else.
+A checkpoint folder holds ``state.pt`` (model, EMA, optimizers, step, data position, and per
+rank the RNG states and the ACT carry) and ``config.yaml`` (the resolved run config), so
+``urm-ray eval`` and resume need nothing else. With the per-rank state a resumed run continues
+exactly as the uninterrupted run would have (bit for bit on CPU): the rows in flight keep their
+recurrent state and the random draws (ACT exploration, GRAM's noise) repeat.
 """
 
 from __future__ import annotations
@@ -30,18 +33,33 @@ class Position:
     batch: int = 0  # batches of ``epoch`` already consumed
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """A distinct, reproducible seed per DDP rank (ranks draw different exploration and noise)."""
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+
+
 def rng_state() -> dict[str, Any]:
-    return {
+    state = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def rank_state(carry: Any | None) -> dict[str, Any]:
+    """What one rank contributes to a checkpoint: its RNG states and its ACT carry (on the CPU)."""
+    return {"rng": rng_state(), "carry": None if carry is None else carry.to("cpu")}
 
 
 def save(
@@ -51,14 +69,16 @@ def save(
     optimizers: list[Any],
     position: Position,
     config: dict[str, Any],
+    ranks: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Write ``state.pt`` and ``config.yaml`` into ``folder`` (which must exist)."""
+    """Write ``state.pt`` and ``config.yaml`` into ``folder`` (which must exist). ``ranks``: every
+    rank's ``rank_state``, in rank order (default: this process's, with no carry)."""
     state = {
         "model": model.state_dict(),
         "ema": ema.state_dict() if ema is not None else None,
         "optimizers": [opt.state_dict() for opt in optimizers],
         "position": vars(position),
-        "rng": rng_state(),
+        "ranks": ranks if ranks is not None else [rank_state(None)],
     }
     torch.save(state, folder / STATE_FILE)
     (folder / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
@@ -78,13 +98,20 @@ def load_config_dict(folder: Path) -> dict[str, Any]:
 
 
 def restore(
-    state: dict[str, Any], model: torch.nn.Module, ema: Any | None, optimizers: list[Any]
-) -> Position:
-    """Load a saved state into freshly built objects; returns the saved position."""
+    state: dict[str, Any], model: torch.nn.Module, ema: Any | None, optimizers: list[Any],
+    rank: int = 0, seed: int = 0,
+) -> tuple[Position, Any | None]:
+    """Load a saved state into freshly built objects; returns the saved position and this rank's
+    ACT carry (None: the rows start afresh). A rank the checkpoint has no state for (the run
+    resumes on more workers) gets a fresh per-rank seed instead."""
     model.load_state_dict(state["model"])
     if ema is not None and state["ema"] is not None:
         ema.load_state_dict(state["ema"])
     for opt, opt_state in zip(optimizers, state["optimizers"], strict=True):
         opt.load_state_dict(opt_state)
-    set_rng_state(state["rng"])
-    return Position(**state["position"])
+    ranks = state.get("ranks") or [{"rng": state["rng"], "carry": None}]  # older checkpoints
+    if rank >= len(ranks):
+        torch.manual_seed(rank_seed(seed, rank))
+        return Position(**state["position"]), None
+    set_rng_state(ranks[rank]["rng"])
+    return Position(**state["position"]), ranks[rank]["carry"]

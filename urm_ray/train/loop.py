@@ -46,6 +46,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     meta = stream.load_meta(cfg.data)
     task = TaskSpec(meta.vocab_size, meta.seq_len, stream.puzzle_table_size(meta, cfg.data))
     model = build_model(cfg.model, task)
+    torch.manual_seed(checkpoint.rank_seed(cfg.train.seed, rank))  # then each rank draws its own
     device = ray.train.torch.get_device()
     # DDP broadcasts rank 0's weights; the puzzle table is a buffer updated identically on every
     # rank by the sign-SGD optimizer (which all-gathers its rows), so buffers are not broadcast.
@@ -54,13 +55,13 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     )
     ema = EMA(model, cfg.optim.ema_decay) if cfg.optim.ema else None
     optimizers = build_optimizers(model, cfg.optim)
-    position = _maybe_restore(model, ema, optimizers)
+    position, carry = _maybe_restore(model, ema, optimizers, rank, cfg.train.seed)
     tracker = make_tracker(loop_config["tracking_uri"], loop_config["run_id"], rank == 0)
     trainer = Trainer(cfg, model, wrapped, ema, optimizers, tracker, device, rank, world, meta.seq_len)
     if getattr(cfg.model, "halt_target", "label") == "verifier":
         trainer.verifier = verifier_for(meta.task, meta.seq_len)
     trainer.eval_verifier = optional_verifier(meta.task, meta.seq_len)
-    trainer.run(position)
+    trainer.run(position, None if carry is None else carry.to(device))
 
 
 def _per_row(metric: str) -> bool:
@@ -87,13 +88,14 @@ def _threads(cfg: RunConfig) -> int:
     return cfg.train.torch_threads or max(1, int(cfg.train.cpus_per_worker))
 
 
-def _maybe_restore(model: nn.Module, ema: EMA | None, optimizers: list[Any]) -> Position:
+def _maybe_restore(model: nn.Module, ema: EMA | None, optimizers: list[Any], rank: int,
+                   seed: int) -> tuple[Position, Any]:
     ckpt = ray.train.get_checkpoint()
     if ckpt is None:
-        return Position()
+        return Position(), None
     with ckpt.as_directory() as folder:
         state = checkpoint.load_state(Path(folder))
-    return checkpoint.restore(state, model, ema, optimizers)
+    return checkpoint.restore(state, model, ema, optimizers, rank, seed)
 
 
 class Trainer:
@@ -117,10 +119,11 @@ class Trainer:
         # sampled answers' validity and coverage (None = "equals the label")
         self.eval_verifier: Verifier | None = None
 
-    def run(self, position: Position) -> None:
+    def run(self, position: Position, carry: Any = None) -> None:
+        """Train from ``position`` (and the restored ACT ``carry``, if any) to ``train.steps``."""
         cfg = self.cfg.train
         batches = self._batches(position)
-        carry, first_nonfinite = None, torch.full((), -1, device=self.device)
+        first_nonfinite = torch.full((), -1, device=self.device)
         sums: dict[str, torch.Tensor] = {}
         window_start, window_steps = time.perf_counter(), 0
         while position.step < cfg.steps:
@@ -136,7 +139,7 @@ class Trainer:
                 self._stop_if_diverged(first_nonfinite)
                 elapsed = time.perf_counter() - window_start
                 report = self._train_metrics(sums, window_steps, elapsed, lr)
-                self._report(position, report)
+                self._report(position, report, carry)
                 sums, window_start, window_steps = {}, time.perf_counter(), 0
         self.tracker.close()
 
@@ -245,7 +248,15 @@ class Trainer:
             finally:
                 model.train()
 
-    def _report(self, position: Position, metrics: dict[str, float]) -> None:
+    def _gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (a collective: every rank calls it)."""
+        if self.world == 1 or not dist.is_initialized():
+            return [value]
+        values: list[Any] = [None] * self.world
+        dist.all_gather_object(values, value)
+        return values
+
+    def _report(self, position: Position, metrics: dict[str, float], carry: Any) -> None:
         cfg = self.cfg.train
         done = position.step == cfg.steps
         if _every(cfg.eval_every, position.step) or done:
@@ -257,10 +268,11 @@ class Trainer:
         if not save:
             ray.train.report(metrics)
             return
+        ranks = self._gather(checkpoint.rank_state(carry))
         with tempfile.TemporaryDirectory() as folder:
             ckpt = None
             if self.rank == 0:
                 checkpoint.save(Path(folder), self.model, self.ema, self.optimizers, position,
-                                to_dict(self.cfg))
+                                to_dict(self.cfg), ranks)
                 ckpt = ray.train.Checkpoint.from_directory(folder)
             ray.train.report(metrics, checkpoint=ckpt)

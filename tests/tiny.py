@@ -1,0 +1,41 @@
+"""Tiny trainers of every family, for the tests of the training step and of checkpoints."""
+
+from __future__ import annotations
+
+import torch
+
+from urm_ray.config import load_config
+from urm_ray.models.registry import TaskSpec, build_model
+from urm_ray.optim import EMA, build_optimizers
+from urm_ray.tracking import NullTracker
+from urm_ray.train.loop import Trainer
+
+TASK = TaskSpec(vocab_size=6, seq_len=16, num_puzzle_identifiers=5)
+SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.expansion=1.0", "train.global_batch_size=8",
+         "optim.warmup_steps=0", "model.halt_exploration_prob=0.5"]
+# every family, with the puzzle embedding on where the family's preset has it off
+FAMILIES = {
+    "urm": ["model.loops=3", "model.truncation=1", "model.puzzle_emb_dim=32"],
+    "hrm": ["model.h_layers=1", "model.l_layers=1", "model.h_cycles=2", "model.l_cycles=2"],
+    "trm": ["model.num_layers=1", "model.h_cycles=2", "model.l_cycles=2"],
+    "gram": ["model.num_layers=1", "model.latent_dim=8"],
+    "transformer": ["model.num_layers=2", "model.max_segments=2"],
+}
+
+
+def trainer(family: str, compiled: bool) -> Trainer:
+    overrides = [*SMALL, *FAMILIES[family], f"train.compile={str(compiled).lower()}"]
+    cfg = load_config(f"sudoku4-{family}", overrides)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, TASK)
+    ema = EMA(model, cfg.optim.ema_decay)
+    return Trainer(cfg, model, model, ema, build_optimizers(model, cfg.optim), NullTracker(),
+                   torch.device("cpu"), 0, 1, TASK.seq_len)
+
+
+def batch(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    inputs = torch.randint(0, TASK.vocab_size, (8, TASK.seq_len), generator=gen, dtype=torch.int32)
+    labels = torch.where(torch.rand(8, TASK.seq_len, generator=gen) < 0.2, -100, inputs.long())
+    ids = torch.randint(0, TASK.num_puzzle_identifiers, (8,), generator=gen, dtype=torch.int32)
+    return {"inputs": inputs, "labels": labels, "puzzle_identifiers": ids}

@@ -5,7 +5,8 @@ S3 bucket (``--artifacts-destination s3://...``, reached through ``MLFLOW_S3_END
 ``urm-ray train`` finds the server through ``MLFLOW_TRACKING_URI`` and writes its Ray Train
 checkpoints to ``train.storage_path=s3://...`` (custom endpoint from ``AWS_ENDPOINT_URL``).
 A 4-step run of 2 DDP workers checkpoints to S3; the same run name with 8 steps resumes there
-at step 4 and logs into the same MLflow run; artifacts and checkpoints are read back from the bucket with boto3.
+at step 4, logs into the same MLflow run and ends with the same weights, bit for bit, as an
+8-step run never interrupted; artifacts and checkpoints are read back from the bucket with boto3.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def train(args: list[str], env: dict[str, str], timeout: float = 420) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(s3, mlflow_server, tmp_path_factory):
-    """4 steps with a checkpoint, then the same run name to 8 steps: both on S3 and the server."""
+    """4 steps with a checkpoint, then the same run name to 8 steps: both on S3 and the server;
+    and the same 8 steps under another name, uninterrupted."""
     from urm_ray.data.tasks import sudoku
 
     data = tmp_path_factory.mktemp("data") / "sudoku4"
@@ -126,11 +128,12 @@ def runs(s3, mlflow_server, tmp_path_factory):
     middle = time.monotonic()
     second = train([*common, "train.steps=8"], env)
     print(f"S3 runs: first {middle - start:.0f} s, resumed {time.monotonic() - middle:.0f} s")
-    return first, second
+    straight = train([*common, "train.steps=8", "train.run_name=s3-straight"], env)
+    return first, second, straight
 
 
 def test_checkpoints_on_s3_and_resume_there(runs, s3):
-    first, second = runs
+    first, second, _ = runs
     assert first["step"] == 4 and second["step"] == 8
     assert first["checkpoint"].startswith(f"s3://{BUCKET}/runs/s3-resume/checkpoint_")
     assert second["checkpoint"].startswith(f"s3://{BUCKET}/runs/s3-resume/checkpoint_")
@@ -140,7 +143,7 @@ def test_checkpoints_on_s3_and_resume_there(runs, s3):
 
 
 def test_mlflow_server_records_the_run_with_artifacts_in_s3(runs, s3, mlflow_server):
-    _, second = runs
+    _, second, _ = runs
     mlflow = MlflowClient(mlflow_server)
     run = mlflow.get_run(second["mlflow_run_id"])
     assert run.info.status == "FINISHED" and run.info.artifact_uri.startswith("mlflow-artifacts:")
@@ -165,3 +168,22 @@ def test_checkpoint_on_s3_loads_for_evaluation(runs, s3, monkeypatch):
         monkeypatch.setenv(key, value)
     cfg, model = load_checkpoint(runs[1]["checkpoint"])
     assert cfg.train.steps == 8 and cfg.train.run_name == "s3-resume" and not model.training
+
+
+def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(runs, s3, monkeypatch):
+    """2 DDP workers, interrupted at step 4 and resumed: each rank's RNG, ACT carry and data
+    position come back, so the weights at step 8 equal the uninterrupted run's exactly."""
+    import ray.train
+    import torch
+
+    for key, value in {**FAKE_AWS, "AWS_ENDPOINT_URL": s3}.items():
+        monkeypatch.setenv(key, value)
+    states = []
+    for run in runs[1:]:
+        with ray.train.Checkpoint(run["checkpoint"]).as_directory() as folder:
+            states.append(torch.load(Path(folder) / "state.pt", weights_only=False))
+    resumed, straight = states
+    assert resumed["position"] == straight["position"] and len(resumed["ranks"]) == 2
+    for name, value in straight["model"].items():
+        assert torch.equal(resumed["model"][name], value), name
+    assert not torch.equal(resumed["ranks"][0]["rng"]["torch"], resumed["ranks"][1]["rng"]["torch"])

@@ -126,3 +126,11 @@ def test_expressions_are_arithmetic_only():
         Expr("__import__('os')")
     with pytest.raises(ConfigError, match="unknown name"):
         Expr("model.loops.__class__").evaluate({"model.loops": 2})
+
+
+def test_trial_retries_default_on_for_gpu_spaces(tmp_path: Path):
+    assert load_space("quickstart").retries == 0  # CPU: a failure is a bug, not a preemption
+    assert load_space("urm-sudoku").retries == 2  # spot GPU nodes get reclaimed
+    assert load_space(str(_space(tmp_path, retries=5))).retries == 5
+    with pytest.raises(ConfigError, match="retries=-1 is out of range"):
+        load_space(str(_space(tmp_path, retries=-1)))

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 import optuna
 import yaml
@@ -97,6 +97,9 @@ class SpaceSpec:
     start_from: list = field(default_factory=list)  # parameter dicts tried first (e.g. the paper's)
     trials: int = 16
     concurrency: int = 0  # 0 = as many as the resources allow
+    # times a failed trial (e.g. its node was preempted) restarts from its last checkpoint;
+    # null = 2 when trials train on GPUs (spot nodes get reclaimed), else 0
+    retries: Optional[int] = None
     resources: Resources = field(default_factory=Resources)
     scheduler: Scheduler = field(default_factory=Scheduler)
     search: Search = field(default_factory=Search)
@@ -126,6 +129,13 @@ class SearchSpace:
     @property
     def mode(self) -> str:
         return self.spec.objectives[0].mode
+
+    @property
+    def retries(self) -> int:
+        """Restarts of a failed trial from its last checkpoint."""
+        if self.spec.retries is not None:
+            return self.spec.retries
+        return 2 if self.spec.resources.gpus_per_worker > 0 else 0
 
     @property
     def steps(self) -> int:
@@ -223,6 +233,7 @@ def validate(space: SearchSpace) -> None:
 
 def _check_numbers(spec: SpaceSpec) -> None:
     checks = [("trials", spec.trials >= 1), ("concurrency", spec.concurrency >= 0),
+              ("retries", spec.retries is None or spec.retries >= 0),
               ("resources.workers", spec.resources.workers >= 1),
               ("resources.cpus_per_worker", spec.resources.cpus_per_worker > 0),
               ("resources.gpus_per_worker", spec.resources.gpus_per_worker >= 0),

@@ -248,7 +248,9 @@ def _tuner(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContex
     trainable = tune.with_resources(partial(run_trial, ctx=ctx), {"cpu": the_plan.trial_cpus})
     path = str(info.path / "tune")
     if resume and tune.Tuner.can_restore(path):
-        return tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=False)
+        # with retries, a trial that failed (its node preempted) restarts from its checkpoint too
+        return tune.Tuner.restore(path, trainable, resume_unfinished=True,
+                                  resume_errored=space.retries > 0)
     sampler = make_sampler(space)
     searcher = SweepSearch(space, storage(info.storage), info.name, sampler,
                            pruned_as=space.spec.search.pruned_as)
@@ -261,6 +263,8 @@ def _tuner(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContex
         ),
         run_config=tune.RunConfig(
             name="tune", storage_path=str(info.path), verbose=0,
+            # a failed trial restarts; its Ray Train run resumes from its latest checkpoint
+            failure_config=tune.FailureConfig(max_failures=space.retries),
             callbacks=[FateRecorder(ctx, space.spec.scheduler.name),
                        TrialTable(space.metric, space.mode, space.steps), *callbacks],
         ),

@@ -73,7 +73,8 @@ def _replay_finished(ctx: TrialContext, name: str, values: dict[str, Any]) -> bo
     if fate is None:
         return False
     if fate == "failed":
-        raise RuntimeError(f"trial {name} failed before the interruption: {run.tags.get(REASON_TAG, '')}")
+        # failed before an interruption or a retry (e.g. diverged): it would fail again
+        raise RuntimeError(f"trial {name} already failed: {run.tags.get(REASON_TAG, '')}")
     metrics = {**run.metrics, "step": int(run.tags.get(STEP_TAG, 0))}
     ray.tune.report(DerivedReport.with_derived(ctx.space, values, metrics))
     return True

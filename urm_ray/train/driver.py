@@ -189,7 +189,8 @@ def _fit(cfg: RunConfig, tags: dict[str, str] | None, callbacks: list[Any] | Non
             if diverged is not None:
                 tracking.set_tags(cfg.tracking.tracking_uri, run_id,
                                   {FATE_TAG: "failed", REASON_TAG: str(diverged)})
-            tracking.close_run(cfg.tracking.tracking_uri, run_id, "FAILED")
+            interrupted = isinstance(err, KeyboardInterrupt)  # Ctrl-C: stopped, not broken
+            tracking.close_run(cfg.tracking.tracking_uri, run_id, "KILLED" if interrupted else "FAILED")
         if diverged is not None:  # the reason in one line, not Ray's worker traceback
             raise diverged from None
         raise

@@ -110,3 +110,38 @@ def test_a_diverging_run_fails_with_its_reason_and_no_checkpoint(ray_local, tmp_
     assert run.data.tags["urm_ray.fate_reason"].startswith(f"non-finite loss at step {step}")
     assert "eval/exact_accuracy" not in run.data.metrics
     assert not list((tmp_path / "runs").rglob("checkpoint_*"))
+
+
+def test_ctrl_c_closes_the_run_killed(tmp_path: Path, sudoku4: Path):
+    """SIGINT to `urm-ray train` once it trains: the MLflow run ends KILLED, not RUNNING or FAILED."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cmd = [sys.executable, "-m", "urm_ray.cli", "train", "sudoku4-urm", f"data.path={sudoku4}",
+           f"train.storage_path={tmp_path / 'runs'}", f"tracking.tracking_uri={uri}",
+           "tracking.experiment=test", "train.steps=100000", "train.log_every=10", "train.run_name=stop"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "RAY_ADDRESS": "local"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    client, deadline = MlflowClient(uri), time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            runs = _runs(client)
+            if runs and client.get_metric_history(runs[0].info.run_id, "train/lm_loss"):
+                break
+            time.sleep(2)
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _runs(client)[0].info.status == "KILLED"
+
+
+def _runs(client: MlflowClient) -> list:
+    experiment = client.get_experiment_by_name("test")
+    return client.search_runs([experiment.experiment_id]) if experiment else []

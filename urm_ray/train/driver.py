@@ -10,9 +10,14 @@ resolved config and the final checkpoint to MLflow. Reusing ``train.run_name`` w
 
 from __future__ import annotations
 
+import os
+import signal
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -182,15 +187,16 @@ def _fit(cfg: RunConfig, tags: dict[str, str] | None, callbacks: list[Any] | Non
     check_resources(cfg, gpu)
     run_id = _open_mlflow(cfg, tags, params)
     try:
-        result = build_trainer(cfg, run_id, gpu, callbacks).fit()
+        with _noting_sigint() as interrupted:
+            result = build_trainer(cfg, run_id, gpu, callbacks).fit()
     except BaseException as err:
         diverged = TrainingDiverged.find(err)
         if run_id:
             if diverged is not None:
                 tracking.set_tags(cfg.tracking.tracking_uri, run_id,
                                   {FATE_TAG: "failed", REASON_TAG: str(diverged)})
-            interrupted = isinstance(err, KeyboardInterrupt)  # Ctrl-C: stopped, not broken
-            tracking.close_run(cfg.tracking.tracking_uri, run_id, "KILLED" if interrupted else "FAILED")
+            stopped = isinstance(err, KeyboardInterrupt) or interrupted()  # Ctrl-C: stopped, not broken
+            tracking.close_run(cfg.tracking.tracking_uri, run_id, "KILLED" if stopped else "FAILED")
         if diverged is not None:  # the reason in one line, not Ray's worker traceback
             raise diverged from None
         raise
@@ -198,6 +204,38 @@ def _fit(cfg: RunConfig, tags: dict[str, str] | None, callbacks: list[Any] | Non
     if run_id:
         _finish_mlflow(cfg, run_id, result.checkpoint)
     return FitResult(cfg.train.run_name, dict(result.metrics or {}), ckpt_path, run_id)
+
+
+@contextmanager
+def _noting_sigint() -> Iterator[Callable[[], bool]]:
+    """Yields ``interrupted()``: whether Ctrl-C (SIGINT) arrived inside the block. Ray Train
+    installs its own SIGINT handler during ``fit`` (it aborts the run and fit then raises a
+    RayActorError), so the signal is noted below the handlers, by the interpreter's wakeup fd."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main one
+        yield lambda: False
+        return
+    read, write = os.pipe()
+    for fd in (read, write):
+        os.set_blocking(fd, False)
+    previous = signal.set_wakeup_fd(write)
+    seen: list[int] = []
+    open_fds = [read, write]
+
+    def interrupted() -> bool:
+        if open_fds:
+            try:
+                seen.extend(os.read(read, 4096))
+            except BlockingIOError:  # nothing arrived
+                pass
+        return signal.SIGINT in seen
+
+    try:
+        yield interrupted
+    finally:
+        interrupted()
+        signal.set_wakeup_fd(previous)
+        while open_fds:
+            os.close(open_fds.pop())
 
 
 def checkpoint_uri(ckpt: ray.train.Checkpoint | None) -> str | None:

@@ -173,6 +173,13 @@ def find_run_id(tracking_uri: str, experiment: str, run_name: str) -> str | None
     return find_run(client, found.experiment_id, run_name) if found is not None else None
 
 
+def count_runs(tracking_uri: str, experiment: str) -> int:
+    """How many runs (any state) the experiment holds; 0 when it does not exist."""
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    return len(client.search_runs([found.experiment_id], max_results=10000)) if found else 0
+
+
 def run_summary(tracking_uri: str, run_id: str) -> RunSummary:
     run = MlflowClient(tracking_uri).get_run(run_id)
     return RunSummary(run.info.run_id, run.info.run_name, run.info.status, dict(run.data.tags),

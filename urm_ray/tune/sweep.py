@@ -108,17 +108,37 @@ def create_sweep(source: str, overrides: list[str], name: str = "", root: str = 
     if (folder / INFO_FILE).exists():
         raise ConfigError(f"sweep {name!r} already exists in {folder.parent}; resume it with "
                           f"`urm-ray sweep --resume {name}` or choose another --name")
+    uri = tracking.resolve_tracking_uri(space.base_config.tracking.tracking_uri)
+    optuna_url = storage_url or f"sqlite:///{folder / 'optuna.db'}"
+    _refuse_stale_name(name, uri, optuna_url)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "base_config.yaml").write_text(yaml.safe_dump(space.base, sort_keys=False))
     spec = {**to_dict(space.spec), "base": "base_config.yaml", "overrides": {}}
     (folder / "space.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    uri = tracking.resolve_tracking_uri(space.base_config.tracking.tracking_uri)
     base_storage = space.base_config.train.storage_path
-    info = SweepInfo(name, str(folder), storage_url or f"sqlite:///{folder / 'optuna.db'}", uri,
+    info = SweepInfo(name, str(folder), optuna_url, uri,
                      f"sweep-{name}", source=str(find_space(source).resolve()),
                      run_storage=f"{base_storage.rstrip('/')}/{name}" if "://" in base_storage else "")
     info.save()
     return info, load_space(str(folder / "space.yaml"))
+
+
+def _refuse_stale_name(name: str, tracking_uri: str, optuna_url: str) -> None:
+    """A new sweep must not adopt what an earlier sweep of the same name left behind (its folder
+    deleted, or a shared --storage): MLflow runs would replay as finished trials, Optuna trials
+    would feed the sampler."""
+    runs = tracking.count_runs(tracking_uri, f"sweep-{name}")
+    if runs:
+        raise ConfigError(f"sweep {name!r}: MLflow ({tracking_uri}) already holds {runs} runs of an "
+                          f"earlier sweep of that name (experiment 'sweep-{name}'); choose another "
+                          "--name (or remove those runs from MLflow first)")
+    if optuna_url.startswith("sqlite:///") and not Path(optuna_url[len("sqlite:///"):]).exists():
+        return  # a fresh sweep folder: no study yet (and opening would create the file)
+    studies = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage(optuna_url))}
+    if studies.get(name):
+        raise ConfigError(f"sweep {name!r}: the Optuna storage {optuna_url} already holds a study "
+                          f"{name!r} with {studies[name]} trials; resume it with `urm-ray sweep "
+                          f"--resume {name}` (if its folder exists) or choose another --name")
 
 
 def load_sweep(name: str, root: str = DEFAULT_ROOT) -> tuple[SweepInfo, SearchSpace]:

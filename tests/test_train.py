@@ -113,7 +113,8 @@ def test_a_diverging_run_fails_with_its_reason_and_no_checkpoint(ray_local, tmp_
 
 
 def test_ctrl_c_closes_the_run_killed(tmp_path: Path, sudoku4: Path):
-    """SIGINT to `urm-ray train` once it trains: the MLflow run ends KILLED, not RUNNING or FAILED."""
+    """SIGINT to `urm-ray train` once it trains: the MLflow run ends KILLED, not RUNNING or FAILED,
+    and the command says how to resume from the checkpoint it has."""
     import os
     import signal
     import subprocess
@@ -123,23 +124,26 @@ def test_ctrl_c_closes_the_run_killed(tmp_path: Path, sudoku4: Path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cmd = [sys.executable, "-m", "urm_ray.cli", "train", "sudoku4-urm", f"data.path={sudoku4}",
            f"train.storage_path={tmp_path / 'runs'}", f"tracking.tracking_uri={uri}",
-           "tracking.experiment=test", "train.steps=100000", "train.log_every=10", "train.run_name=stop"]
+           "tracking.experiment=test", "train.steps=100000", "train.log_every=10",
+           "train.checkpoint_every=10", "train.run_name=stop"]
+    log = (tmp_path / "stderr.txt").open("w")
     proc = subprocess.Popen(cmd, env={**os.environ, "RAY_ADDRESS": "local"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=log, text=True)
     client, deadline = MlflowClient(uri), time.monotonic() + 240
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             runs = _runs(client)
-            if runs and client.get_metric_history(runs[0].info.run_id, "train/lm_loss"):
-                break
+            if runs and len(client.get_metric_history(runs[0].info.run_id, "train/lm_loss")) >= 2:
+                break  # a checkpoint at step 10 is written before step 20 is logged
             time.sleep(2)
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert _runs(client)[0].info.status == "KILLED"
+    assert "rerun with train.run_name=stop to resume there" in (tmp_path / "stderr.txt").read_text()
 
 
 def _runs(client: MlflowClient) -> list:

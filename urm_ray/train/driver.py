@@ -10,6 +10,7 @@ resolved config and the final checkpoint to MLflow. Reusing ``train.run_name`` w
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import tempfile
@@ -36,6 +37,8 @@ from urm_ray.errors import ConfigError, TrainingDiverged
 from urm_ray.train.loop import train_loop_per_worker
 from urm_ray.tracking import FATE_TAG, REASON_TAG
 from urm_ray.typed import to_dict
+
+logger = logging.getLogger(__name__)
 
 DATA_CPU_RESERVE = 0.5  # CPU kept free for Ray Data's read/augment tasks (else ingest starves)
 
@@ -190,13 +193,7 @@ def _fit(cfg: RunConfig, tags: dict[str, str] | None, callbacks: list[Any] | Non
         with _noting_sigint() as interrupted:
             result = build_trainer(cfg, run_id, gpu, callbacks).fit()
     except BaseException as err:
-        diverged = TrainingDiverged.find(err)
-        if run_id:
-            if diverged is not None:
-                tracking.set_tags(cfg.tracking.tracking_uri, run_id,
-                                  {FATE_TAG: "failed", REASON_TAG: str(diverged)})
-            stopped = isinstance(err, KeyboardInterrupt) or interrupted()  # Ctrl-C: stopped, not broken
-            tracking.close_run(cfg.tracking.tracking_uri, run_id, "KILLED" if stopped else "FAILED")
+        diverged = _record_failure(cfg, run_id, err, interrupted())
         if diverged is not None:  # the reason in one line, not Ray's worker traceback
             raise diverged from None
         raise
@@ -204,6 +201,26 @@ def _fit(cfg: RunConfig, tags: dict[str, str] | None, callbacks: list[Any] | Non
     if run_id:
         _finish_mlflow(cfg, run_id, result.checkpoint)
     return FitResult(cfg.train.run_name, dict(result.metrics or {}), ckpt_path, run_id)
+
+
+def _record_failure(cfg: RunConfig, run_id: str | None, err: BaseException,
+                    interrupted: bool) -> TrainingDiverged | None:
+    """Close the MLflow run (KILLED after Ctrl-C, else FAILED, with the reason when training
+    diverged), say how to resume from the latest checkpoint, and return the divergence if any."""
+    diverged = TrainingDiverged.find(err)
+    stopped = interrupted or isinstance(err, KeyboardInterrupt)
+    if run_id:
+        if diverged is not None:
+            tracking.set_tags(cfg.tracking.tracking_uri, run_id,
+                              {FATE_TAG: "failed", REASON_TAG: str(diverged)})
+        tracking.close_run(cfg.tracking.tracking_uri, run_id, "KILLED" if stopped else "FAILED")
+    run_folder = Path(cfg.train.storage_path) / cfg.train.run_name
+    saved = sorted(run_folder.glob("checkpoint_*")) if "://" not in cfg.train.storage_path else []
+    if diverged is None and saved:
+        logger.warning("run %s stopped; its latest checkpoint is %s: rerun with train.run_name=%s to "
+                       "resume there (train.max_failures=N retries a crashed worker group by itself)",
+                       cfg.train.run_name, saved[-1], cfg.train.run_name)
+    return diverged
 
 
 @contextmanager

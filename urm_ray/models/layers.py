@@ -131,17 +131,16 @@ def causal_depthwise_conv(conv: nn.Conv1d, x: Tensor) -> Tensor:
 
     Equal to running ``conv`` (padding k-1 on both sides, first T outputs kept) on x transposed:
     out[t] = bias + sum_j w[j] * x[t - (k-1) + j], with x = 0 before the start. Computed as k
-    shifted multiply-adds in the [B, T, C] layout, which avoids the transposes, the padded
-    output and the strided result the Conv1d route needs (and fuses under torch.compile).
+    multiply-adds of views of one zero-padded copy in the [B, T, C] layout: no transposes, no
+    padded output, no strided result (which the Conv1d route feeds to the next projection), and
+    backward keeps only that copy, as Conv1d keeps its input. Fuses under torch.compile.
     """
     taps = conv.weight[:, 0, :]  # [C, k]
     kernel, length = taps.shape[1], x.shape[1]
-    out = torch.addcmul(conv.bias, x, taps[:, -1])  # the last tap reads x[t]
-    for j in range(kernel - 1):
-        lag = kernel - 1 - j
-        if lag < length:
-            shifted = F.pad(x[:, : length - lag], (0, 0, lag, 0))  # x[t - lag], zeros before t = lag
-            out = out.addcmul(shifted, taps[:, j])
+    padded = F.pad(x, (0, 0, kernel - 1, 0))  # [B, T + k - 1, C], zeros before the start
+    out = torch.addcmul(conv.bias, padded[:, :length], taps[:, 0])
+    for j in range(1, kernel):
+        out = out.addcmul(padded[:, j : j + length], taps[:, j])
     return out
 
 

@@ -209,7 +209,10 @@ def _record_failure(cfg: RunConfig, run_id: str | None, err: BaseException,
     diverged), say how to resume from the latest checkpoint, and return the divergence if any."""
     diverged = TrainingDiverged.find(err)
     stopped = interrupted or isinstance(err, KeyboardInterrupt)
-    if run_id:
+    # A sweep's trial stopped by its scheduler is interrupted too, after the sweep recorded its
+    # fate (pruned, KILLED): that record stands.
+    decided = run_id and FATE_TAG in tracking.run_summary(cfg.tracking.tracking_uri, run_id).tags
+    if run_id and not decided:
         if diverged is not None:
             tracking.set_tags(cfg.tracking.tracking_uri, run_id,
                               {FATE_TAG: "failed", REASON_TAG: str(diverged)})

@@ -47,7 +47,7 @@ def _three_steps(tiny: Trainer) -> list[dict[str, torch.Tensor]]:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_compiled_step_equals_eager(family: str):
     eager, compiled = trainer(family, False), trainer(family, True)
-    assert compiled.model.core is not eager.model.core.__func__.__get__(compiled.model)  # compiled
+    assert "core" in vars(compiled.model) and "core" not in vars(eager.model)  # compiled in place only
     with torch._inductor.config.patch(fallback_random=True):  # compiled randn = eager's stream
         loss_e, grads_e = _loss_and_grads(eager, batch(0))
         loss_c, grads_c = _loss_and_grads(compiled, batch(0))

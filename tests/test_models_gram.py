@@ -13,6 +13,8 @@ from urm_ray.models.trm import TRMConfig
 TASK = TaskSpec(vocab_size=10, seq_len=12, num_puzzle_identifiers=3)
 TINY = {"hidden_size": 32, "num_heads": 4, "num_layers": 1, "h_cycles": 3, "l_cycles": 2, "puzzle_emb_dim": 32,
         "puzzle_emb_len": 2, "max_segments": 3, "latent_dim": 8}
+# the paper's algorithm 1: KL of the last transition only, summed, Q-halt on the training state
+PAPER = {"kl_transitions": "last", "kl_reduction": "sum", "halt_decode": "posterior"}
 
 
 @pytest.mark.parametrize(
@@ -98,13 +100,16 @@ def _count_calls(model, batch):
     return calls, outputs
 
 
-def test_posterior_guides_every_training_transition_and_prior_every_eval_one(model_batch):
-    model = build_model(GRAMConfig(**TINY), TASK)
+@pytest.mark.parametrize(("recipe", "prior_calls"), [({}, 4), (PAPER, 1)])
+def test_posterior_guides_every_training_transition_and_prior_every_eval_one(model_batch, recipe, prior_calls):
+    model = build_model(GRAMConfig(**TINY, **recipe), TASK)
     batch = model_batch(TASK)
     calls, outputs = _count_calls(model.train(), batch)
-    # posterior in all 3 transitions; prior only for the KL of the last one
-    assert calls == {"posterior_head": 3, "prior_head": 1}
+    # posterior in all 3 transitions; the prior for each charged KL (3, or the paper's last one)
+    # and, with halt_decode=prior, once more for the Q-head's prior-guided decode
+    assert calls == {"posterior_head": 3, "prior_head": prior_calls}
     assert outputs["aux_loss"].requires_grad and not outputs["kl"].requires_grad
+    assert ("halt_logits" in outputs) == (recipe.get("halt_decode", "prior") == "prior")
     calls, outputs = _count_calls(model.eval(), batch)
     assert calls == {"posterior_head": 0, "prior_head": 3} and "aux_loss" not in outputs
 
@@ -126,30 +131,68 @@ def test_kl_is_zero_when_posterior_equals_prior(model_batch):
         post.gate_up_proj.weight[:, :32] = prior.gate_up_proj.weight
         post.down_proj.weight.copy_(prior.down_proj.weight)
     _, outputs = model(model.initial_carry(model_batch(TASK)), model_batch(TASK))
-    assert outputs["kl"] == 0 and outputs["aux_loss"] == 0
+    assert outputs["kl"] == outputs["kl_first"] == outputs["kl_last"] == outputs["aux_loss"] == 0
 
 
-def test_aux_loss_is_the_weighted_balanced_kl(model_batch):
+def test_kl_of_every_posterior_guided_transition_is_positive(model_batch):
     torch.manual_seed(0)
-    model = build_model(GRAMConfig(**{**TINY, "kl_coef": 0.25}), TASK).train()
+    model = build_model(GRAMConfig(**TINY), TASK).train()
+    _, outputs = model(model.initial_carry(model_batch(TASK)), model_batch(TASK))
+    # 3 transitions: the middle one's KL is what the total holds beyond the first and the last
+    assert outputs["kl_first"] > 0 and outputs["kl_last"] > 0
+    assert outputs["kl"] > outputs["kl_first"] + outputs["kl_last"]
+
+
+@pytest.mark.parametrize("reduction", ["sum", "token_mean"])
+def test_aux_loss_is_the_weighted_balanced_kl(model_batch, reduction):
+    torch.manual_seed(0)
+    model = build_model(GRAMConfig(**{**TINY, "kl_coef": 0.25, "kl_reduction": reduction}), TASK).train()
     batch = model_batch(TASK)
+    labels = batch["labels"]
     carry, outputs = model(model.initial_carry(batch), batch)
     assert outputs["kl"] > 0
-    torch.testing.assert_close(outputs["aux_loss"].detach(), 0.25 * outputs["kl"])
+    tokens = (labels != -100).sum(-1).clamp_min(1)
+    if reduction == "sum":
+        torch.testing.assert_close(outputs["aux_loss"].detach(), 0.25 * outputs["kl"])
+    else:  # every row of the fixture has the same number of supervised tokens
+        assert bool((tokens == tokens[0]).all())
+        torch.testing.assert_close(outputs["aux_loss"].detach(), 0.25 * outputs["kl"] / tokens[0])
     total, metrics = act_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps)
     torch.testing.assert_close(total, metrics["lm_loss"].double() + 0.5 * metrics["q_halt_loss"].double()
                                + outputs["aux_loss"].double())
-    assert metrics["kl"] == outputs["kl"]
+    assert metrics["kl"] == outputs["kl"] and metrics["kl_last"] == outputs["kl_last"]
+
+
+def test_kl_of_no_gradient_transitions_trains_only_the_heads(model_batch):
+    """Charging every transition adds gradient to the guidance heads and the label embedding,
+    and none to the core: the core's gradient is the same as with the last transition's KL only."""
+    batch = model_batch(TASK)
+    grads = {}
+    for transitions in ("all", "last"):
+        torch.manual_seed(0)
+        model = build_model(GRAMConfig(**{**TINY, "kl_transitions": transitions, "kl_coef": 1.0}), TASK).train()
+        torch.manual_seed(1)  # the same noise draws in both
+        _, outputs = model(model.initial_carry(batch), batch)
+        grads[transitions] = _grads(model, outputs["aux_loss"] + outputs["logits"].sum())
+    heads = ("prior_head.", "posterior_head.", "label_embed.")
+    for name, grad in grads["all"].items():
+        if name.startswith(heads):
+            assert not torch.allclose(grad, grads["last"][name]), name
+        else:
+            torch.testing.assert_close(grad, grads["last"][name], rtol=1e-5, atol=1e-7, msg=name)
+    assert any(name.startswith("net.") for name in grads["all"])
 
 
 def _reference_loss(model: GRAM, batch: dict, probe: torch.Tensor) -> torch.Tensor:
-    """The segment by hand: posterior-guided transitions, all states detached but the last's."""
+    """The paper's segment by hand: posterior-guided transitions, all states detached but the
+    last's, whose KL is the only one charged."""
     x = model.embed_input(batch["inputs"], batch["puzzle_identifiers"])
     rope, target = model.rope(x.shape[1]), model.embed_labels(batch["labels"])
     z_H, z_L = model.init_z_H.expand_as(x), model.init_z_L.expand_as(x)
     for step in range(model.config.h_cycles):
         last = step == model.config.h_cycles - 1
-        z_H, z_L, kl = model.transition(z_H, z_L, x, rope, target, last=last)
+        u, z_L = model.cycle(z_H, z_L, x, rope)
+        z_H, kl = model.guide(u, target, charge=last)
         if not last:
             z_H, z_L = z_H.detach(), z_L.detach()
     logits = model.lm_head(z_H[:, model.prefix_len:])
@@ -164,7 +207,7 @@ def _grads(model, loss):
 
 def test_gradients_only_through_the_last_transition(model_batch):
     torch.manual_seed(0)
-    model = build_model(GRAMConfig(**{**TINY, "kl_coef": 0.1}), TASK).train()
+    model = build_model(GRAMConfig(**{**TINY, **PAPER, "kl_coef": 0.1}), TASK).train()
     batch = model_batch(TASK)
     probe = torch.randn(2, TASK.seq_len, TASK.vocab_size)
     torch.manual_seed(1)  # same noise draws in both passes
@@ -223,3 +266,39 @@ def test_trained_gram_reconstructs_with_its_posterior_and_samples_differ(nqueens
     answers = outputs["logits"].argmax(-1)
     model.eval()
     assert valid_queens_mask(answers.numpy(), 6).mean() >= 0.5
+
+
+def _ddp_noise_off_rank(rank: int, world_size: int) -> list[str]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match="noise_scale=0"):
+        model = build_model(GRAMConfig(**{**TINY, "noise_scale": 0.0}), TASK).train()
+    ddp = DistributedDataParallel(model)  # find_unused_parameters off, as Ray Train's default
+    gen = torch.Generator().manual_seed(rank)
+    inputs = torch.randint(0, TASK.vocab_size, (2, TASK.seq_len), generator=gen)
+    batch = {"inputs": inputs, "labels": inputs.clone(), "puzzle_identifiers": torch.zeros(2, dtype=torch.long)}
+    carry = model.initial_carry(batch)
+    for _ in range(2):  # the second backward fails if the first left a parameter unreduced
+        carry, outputs = ddp(carry, batch)
+        (outputs["logits"].sum() + outputs["q_halt_logits"].sum()).backward()
+    return [name for name, p in model.named_parameters() if p.grad is None]
+
+
+def test_noise_off_trains_under_ddp_without_unused_parameters(tmp_path):
+    from ranks import run_ranks
+
+    assert run_ranks(_ddp_noise_off_rank, world_size=2, folder=tmp_path) == [[], []]
+
+
+@pytest.mark.parametrize(("h_cycles", "reaches"), [(2, True), (1, False)])
+def test_proposal_decode_trains_the_posterior_through_the_last_cycle(model_batch, h_cycles, reaches):
+    """decode_from=proposal: the answer is the last cycle's output, so the reconstruction reaches
+    the posterior only through the guidance before that cycle (none with one transition)."""
+    torch.manual_seed(0)
+    model = build_model(GRAMConfig(**{**TINY, "h_cycles": h_cycles, "decode_from": "proposal"}), TASK).train()
+    batch = model_batch(TASK)
+    _, outputs = model(model.initial_carry(batch), batch)
+    grads = _grads(model, outputs["logits"].square().sum())
+    assert ("posterior_head.down_proj.weight" in grads) == reaches
+    assert "net.layers.0.mlp.down_proj.weight" in grads

@@ -65,6 +65,15 @@ def _eval(args: argparse.Namespace) -> None:
     print(json.dumps({k: v for k, v in report.items() if k != "tasks"}, indent=2))
 
 
+def _sample(args: argparse.Namespace) -> None:
+    from urm_ray.train.sampling import sample_checkpoint
+
+    report = sample_checkpoint(args.checkpoint, args.num, args.seed)
+    if not args.boards:
+        report.pop("boards")
+    print(json.dumps(report, indent=None if args.boards else 2))
+
+
 def _data_arc(args: argparse.Namespace) -> None:
     from urm_ray.data.tasks import arc
 
@@ -237,6 +246,13 @@ def _parser() -> argparse.ArgumentParser:
                     help="ARC: do not log the evaluation to MLflow")
     ev.add_argument("--tracking-uri", default="", help="MLflow URI (default: the run's)")
     ev.set_defaults(func=_eval)
+
+    sa = sub.add_parser("sample", help="generate boards from the empty input (GRAM) and verify them")
+    sa.add_argument("checkpoint")
+    sa.add_argument("--num", type=int, default=32, help="samples, drawn as one batch")
+    sa.add_argument("--seed", type=int, default=0)
+    sa.add_argument("--boards", action="store_true", help="also print every sampled board")
+    sa.set_defaults(func=_sample)
 
     _sweep_parsers(sub)
 

@@ -71,6 +71,11 @@ def token_loss_fn(loss_type: str) -> Callable[..., Tensor]:
     return LOSS_FUNCTIONS[loss_type]
 
 
+def _answer_exact(logits: Tensor, labels: Tensor, ignore_index: int) -> Tensor:
+    """[B] bool: the argmax answer equals the label at every supervised token."""
+    return ((logits.argmax(-1) == labels) | (labels == ignore_index)).all(-1)
+
+
 def _act_metrics(
     outputs: dict[str, Tensor], labels: Tensor, halted: Tensor, steps: Tensor, ignore_index: int
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -110,7 +115,8 @@ def act_loss(
     halted, steps: the new carry's flags [B] bool and step counters [B]; metrics cover only
         halted rows (finished episodes) that have at least one target token.
     halt_target: optional [B] bool to replace "sequence exactly correct" as the Q-halt label
-        (e.g. a verifier that accepts any valid solution, as GRAM does).
+        (e.g. a verifier that accepts any valid solution, as GRAM does). Without it, an
+        optional `halt_logits` output [B, L, V] (GRAM's prior-guided decode) is the answer judged.
 
     Returns (total loss scalar, metrics). Metrics are detached float32 sums over rows:
     `count`, `accuracy` (sum of per-row token accuracy), `exact_accuracy`, `q_halt_accuracy`,
@@ -120,6 +126,8 @@ def act_loss(
     with torch.no_grad():
         seq_is_correct, metrics = _act_metrics(outputs, labels, halted, steps, ignore_index)
         divisor = (labels != ignore_index).sum(-1).clamp_min(1).unsqueeze(-1)  # [B, 1]
+        if halt_target is None and "halt_logits" in outputs:  # the Q-head judges another decode
+            halt_target = _answer_exact(outputs["halt_logits"], labels, ignore_index)
     target = seq_is_correct if halt_target is None else halt_target
     q_halt_logits = outputs["q_halt_logits"]
     lm_loss = (token_loss_fn(loss_type)(outputs["logits"], labels, ignore_index=ignore_index) / divisor).sum()
@@ -137,7 +145,8 @@ def act_loss(
     if "aux_loss" in outputs:  # a model's own extra term, e.g. GRAM's kl_coef * balanced KL
         total = total + outputs["aux_loss"]
         metrics["aux_loss"] = outputs["aux_loss"].detach().to(torch.float32)
-        metrics["kl"] = outputs["kl"].detach().to(torch.float32)
+        for key in (k for k in outputs if k.startswith("kl")):  # GRAM's kl, kl_first, kl_last
+            metrics[key] = outputs[key].detach().to(torch.float32)
     return total, metrics
 
 

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from urm_ray.losses import gaussian_kl
+from urm_ray.losses import IGNORE_LABEL_ID, gaussian_kl
 from urm_ray.models.act import State
 from urm_ray.models.layers import Rope, ffn_width, lecun_linear, trunc_normal_
 from urm_ray.models.recurrent import require
@@ -65,6 +65,21 @@ class GRAMConfig(TRMConfig):
     kl_coef: float = 1e-3
     # KL balancing: share of the KL gradient that trains the prior (paper 0.8); null = plain KL
     kl_balance: Optional[float] = 0.8
+    # transitions whose KL is charged: "all" = every posterior-guided one, the no-gradient ones
+    # training only the two heads (on the detached proposal u); "last" = the segment's last one
+    # only (the paper's algorithm 1, which lets the answer through the others for free)
+    kl_transitions: Literal["all", "last"] = "all"
+    # "token_mean": a row's summed KL over its supervised tokens, the scale of the per-token-mean
+    # lm_loss (kl_coef=1 is then an ELBO); "sum": summed over positions and latent dims (paper)
+    kl_reduction: Literal["token_mean", "sum"] = "token_mean"
+    # the guidance the Q-halt head and its label see in training: "prior" = a prior-guided draw at
+    # the last transition, the state inference decodes; "posterior" = the training state (paper)
+    halt_decode: Literal["prior", "posterior"] = "prior"
+    # what the heads read at a segment's end: "state" = the last z_H = u + guidance (paper);
+    # "proposal" = the last u, and the guidance before the last cycle keeps its gradient, so the
+    # posterior learns codes the network turns into a whole answer (attention across positions)
+    # instead of per-position codes read straight by the lm_head, which a prior cannot coordinate
+    decode_from: Literal["state", "proposal"] = "state"
     # Q-halt label: "label" = the answer equals the label (act_loss's default); "verifier" = a
     # task verifier accepts the answer. The training loop passes the dataset task's verifier.
     halt_target: Literal["label", "verifier"] = "label"
@@ -102,11 +117,16 @@ class GRAM(TRM):
 
     def __init__(self, config: GRAMConfig, task: TaskSpec) -> None:
         super().__init__(config, task)
+        # read at every call, so a built model can be switched to its deterministic core (0)
+        self.noise_scale = config.noise_scale
+        if config.noise_scale:  # else none: weights without gradient, which DDP rejects
+            self.build_guidance(config, task)
+
+    def build_guidance(self, config: GRAMConfig, task: TaskSpec) -> None:
+        """The prior and posterior heads, the latent projection and the label embedding."""
         hidden = config.hidden_size
         latent = config.latent_dim or hidden
         width = ffn_width(hidden, config.expansion)
-        # read at every call, so a built model can be switched to its deterministic core (0)
-        self.noise_scale = config.noise_scale
         self.prior_head = GaussianHead(hidden, width, latent)  # p(eps | u)
         self.posterior_head = GaussianHead(2 * hidden, width, latent)  # q(eps | [u; repr(y)])
         self.noise_proj = lecun_linear(latent, hidden) if config.latent_dim else nn.Identity()
@@ -120,34 +140,73 @@ class GRAM(TRM):
         return self.embed_scale * F.pad(tokens, (0, 0, self.prefix_len, 0))
 
     def core(self, state: State, x: Tensor, labels: Tensor) -> tuple[State, dict[str, Tensor]]:
+        if self.noise_scale == 0:
+            return super().core(state, x, labels)
         rope = self.rope(x.shape[1])
-        guided = self.noise_scale > 0
-        target = self.embed_labels(labels).to(x.dtype) if guided and self.training else None
+        target = self.embed_labels(labels).to(x.dtype) if self.training else None
+        through = self.config.decode_from == "proposal"
+        charge = target is not None and self.config.kl_transitions == "all"
         z_H, z_L = state["z_H"], state["z_L"]
-        with torch.no_grad():
-            for _ in range(self.config.h_cycles - 1):
-                z_H, z_L, _ = self.transition(z_H, z_L, x, rope, target, last=False)
-        z_H, z_L, kl = self.transition(z_H, z_L, x, rope, target, last=True)
-        outputs = self.heads(z_H)
-        if kl is not None:
-            outputs["aux_loss"] = self.config.kl_coef * kl.sum()
-            outputs["kl"] = kl.detach().sum()
+        kls: list[Tensor] = []  # per-row balanced KL [B] of each charged transition
+        u = z_H  # the last proposal before the final cycle (h_cycles = 1: the carried state)
+        for _ in range(self.config.h_cycles - 1):
+            with torch.no_grad():
+                u, z_L = self.cycle(z_H, z_L, x, rope)
+            with torch.set_grad_enabled((charge or through) and torch.is_grad_enabled()):
+                z_H, kl = self.guide(u, target, charge)  # u has no history: only the heads learn
+            z_H = z_H if through else z_H.detach()
+            kls += [kl] if kl is not None else []
+        z_L_before = z_L
+        last, z_L = self.cycle(z_H, z_L, x, rope)
+        z_H, kl = self.guide(last, target, target is not None)
+        outputs = self.heads(last if through else z_H)
+        if target is None:
+            return {"z_H": z_H, "z_L": z_L}, outputs
+        kls.append(kl)
+        if self.config.halt_decode == "prior":
+            outputs["halt_logits"] = self.prior_decode(u, last, z_L_before, x, rope)
+        outputs.update(self.kl_outputs(torch.stack(kls), labels))
         return {"z_H": z_H, "z_L": z_L}, outputs
 
-    def transition(
-        self, z_H: Tensor, z_L: Tensor, x: Tensor, rope: Rope, target: Optional[Tensor], last: bool
-    ) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-        """One transition -> (z_H, z_L, per-row balanced KL [B] or None).
+    @torch.no_grad()
+    def prior_decode(self, u: Tensor, last: Tensor, z_L: Tensor, x: Tensor, rope: Rope) -> Tensor:
+        """Logits [B, L, V] of the segment's answer had the prior guided its final step: the Q-halt
+        label, so the Q-head learns when the answer inference would decode is right. ``u``: the
+        proposal before the final cycle, ``last``: the final proposal, ``z_L``: before it."""
+        if self.config.decode_from == "state":
+            return self.heads(self.perturb(last, self.prior_head(last)))["logits"]
+        if self.config.h_cycles == 1:  # no guidance inside the segment before the decode
+            return self.heads(last)["logits"]
+        rerun, _ = self.cycle(self.perturb(u, self.prior_head(u)), z_L, x, rope)
+        return self.heads(rerun)["logits"]
 
-        The KL is computed only on the ``last`` transition and only with a target (training).
-        """
-        u, z_L = self.cycle(z_H, z_L, x, rope)  # u: the deterministic proposal [B, T, D]
-        if self.noise_scale == 0:
-            return u, z_L, None
+    def guide(self, u: Tensor, target: Optional[Tensor], charge: bool) -> tuple[Tensor, Optional[Tensor]]:
+        """z_H = u + noise_scale * proj(eps), eps from the posterior with a target (training) or
+        the prior; with ``charge``, also the per-row balanced KL(q || p) [B]."""
         posterior = None if target is None else self.posterior_head(torch.cat([u, target], dim=-1))
-        mean, logvar = posterior if posterior is not None else self.prior_head(u)
+        prior = self.prior_head(u) if posterior is None or charge else None
+        z_H = self.perturb(u, posterior if posterior is not None else prior)
+        if posterior is None or not charge:
+            return z_H, None
+        return z_H, gaussian_kl(*posterior, *prior, balance=self.config.kl_balance)
+
+    def perturb(self, u: Tensor, gaussian: Gaussian) -> Tensor:
+        """u + noise_scale * proj(eps) with eps a reparameterised draw from ``gaussian``."""
+        mean, logvar = gaussian
         eps = mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)  # [B, T, latent] float32
-        z_H = u + self.noise_scale * self.noise_proj(eps.to(u.dtype))
-        if posterior is None or not last:
-            return z_H, z_L, None
-        return z_H, z_L, gaussian_kl(*posterior, *self.prior_head(u), balance=self.config.kl_balance)
+        return u + self.noise_scale * self.noise_proj(eps.to(u.dtype))
+
+    def kl_outputs(self, kls: Tensor, labels: Tensor) -> dict[str, Tensor]:
+        """The loss term and the logged KLs from the charged transitions' KLs [N, B] (nats).
+
+        ``aux_loss`` = kl_coef * sum_b (sum_n KL[n, b]) / scale_b, where scale_b is 1 ("sum") or
+        row b's supervised tokens ("token_mean", the per-token scale of lm_loss)."""
+        per_row = kls.sum(0)  # [B]
+        if self.config.kl_reduction == "token_mean":
+            per_row = per_row / (labels != IGNORE_LABEL_ID).sum(-1).clamp_min(1)
+        return {
+            "aux_loss": self.config.kl_coef * per_row.sum(),
+            "kl": kls.detach().sum(),  # summed over transitions and rows
+            "kl_first": kls[0].detach().sum(),
+            "kl_last": kls[-1].detach().sum(),
+        }

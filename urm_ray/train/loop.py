@@ -66,7 +66,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
 def _per_row(metric: str) -> bool:
     """Losses and the KL are summed over every row; the other metrics over halted rows only."""
-    return metric.endswith("_loss") or metric == "kl"
+    return metric.endswith("_loss") or metric.startswith("kl")
 
 
 def _first_nonfinite(first: torch.Tensor, nonfinite: torch.Tensor, step: int) -> torch.Tensor:
@@ -173,9 +173,8 @@ class Trainer:
             halt_target = None
             if self.verifier is not None:
                 data = carry.current_data
-                halt_target = self.verifier(
-                    outputs["logits"].detach().argmax(-1), data["inputs"], data["labels"]
-                )
+                judged = outputs.get("halt_logits", outputs["logits"])  # GRAM: a prior decode
+                halt_target = self.verifier(judged.detach().argmax(-1), data["inputs"], data["labels"])
             loss, metrics = self.loss_fn(
                 outputs, carry.current_data["labels"], carry.halted, carry.steps, self.cfg.train.loss,
                 halt_target=halt_target,

@@ -171,6 +171,7 @@ def fit(
     """
     cfg = resolve(cfg)
     meta = stream.load_meta(cfg.data)  # a missing or malformed dataset fails here, before Ray starts
+    stream.warn_unused(cfg.data, meta)
     check_storage(cfg.train.storage_path)
     if not ray.is_initialized():
         ray.init()
@@ -188,6 +189,8 @@ def worker_bundles(cfg: RunConfig) -> list[dict[str, float]]:
 def _fit(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None,
          callbacks: list[Any] | None, params: dict[str, Any] | None) -> FitResult:
     gpu = use_gpu(cfg)
+    if not gpu:
+        cfg.train.warn_unused_on_cpu()
     check_resources(cfg, gpu)
     run_id = open_mlflow_run(cfg, meta, tags, params)
     try:

@@ -167,7 +167,7 @@ def run_simulation(repeats: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("space", help="search space (YAML path or name in search_spaces/)")
+    parser.add_argument("space", help="search space (YAML path or a shipped space's name)")
     parser.add_argument("overrides", nargs="*", help="space or config overrides, as for urm-ray sweep")
     parser.add_argument("--target", default="",
                         help="value(s) of the primary metric to reach, comma-separated")

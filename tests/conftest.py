@@ -5,14 +5,12 @@ from pathlib import Path
 import pytest
 import torch
 
-REFERENCE_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference"
+REFERENCE_DIR = Path(__file__).resolve().parent / "fixtures" / "reference"
 
 
 @pytest.fixture
 def reference_dir() -> Path:
-    """The official-code fixtures (../shared/reference); tests using it skip when it is absent."""
-    if not REFERENCE_DIR.is_dir():
-        pytest.skip(f"reference fixtures not found at {REFERENCE_DIR}")
+    """The official-code fixtures (tests/fixtures/reference); a missing file fails its test."""
     return REFERENCE_DIR
 
 

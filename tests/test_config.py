@@ -1,12 +1,17 @@
-"""Config loading: presets, YAML files, dotted overrides, and errors that name the key."""
+"""Config loading: presets, YAML files, dotted overrides, errors that name the key, and warnings
+for keys that have no effect (never from a shipped preset or search space)."""
 
+import re
+import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 
 from urm_ray.config import apply_overrides, build_config, flatten, load_config, preset_names, replace
+from urm_ray.data.config import DataConfig
 from urm_ray.errors import ConfigError
+from urm_ray.tune.space import load_space, shipped_spaces
 
 BASE = {"model": {"name": "urm", "hidden_size": 32, "num_heads": 4, "loops": 4, "truncation": 1},
         "data": {"path": "somewhere"}}
@@ -83,3 +88,77 @@ def test_presets_name_known_builtin_datasets_whose_recipes_build(tmp_path, monke
             # the GRAM presets' data is small to build, and its task must have a verifier
             meta = read_metadata(builtin.resolve_path(cfg.data.path))
             verifier_for(meta.task, meta.seq_len)
+
+
+# --- keys that have no effect in a configuration warn, naming the key and why -----------------
+
+
+def _quiet(build):
+    """Runs `build` with every warning an error: none of the "no effect" warnings may fire."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return build()
+
+
+@pytest.mark.parametrize("override, words", [
+    ("optim.puzzle_emb_lr=1.0e-4", "optim.puzzle_emb_lr=0.0001 has no effect with model.puzzle_emb_dim=0"),
+    ("optim.puzzle_emb_weight_decay=1.0", "optim.puzzle_emb_weight_decay=1.0 has no effect"),
+    ("model.halt_exploration_prob=0.3", "model.halt_exploration_prob=0.3 has no effect with model.max_segments=1"),
+    ("data.translate=true", "data.translate=true has no effect with data.augment=false"),
+])
+def test_keys_without_effect_warn(override, words):
+    base = ["model.puzzle_emb_dim=0", "model.max_segments=1", "data.augment=false",
+            "data.num_augmentations=1"]
+    _quiet(lambda: build_config(apply_overrides(BASE, base)))  # defaults alone are quiet
+    with pytest.warns(UserWarning, match=re.escape(words)):
+        build_config(apply_overrides(BASE, [*base, override]))
+
+
+def test_keys_with_effect_do_not_warn():
+    _quiet(lambda: build_config(apply_overrides(BASE, [
+        "model.puzzle_emb_dim=32", "optim.puzzle_emb_lr=1.0e-4", "optim.puzzle_emb_weight_decay=1.0",
+        "model.max_segments=2", "model.halt_exploration_prob=0.3", "data.translate=true"])))
+    # exploration switched off, or left at the family's default, with one segment
+    _quiet(lambda: build_config(apply_overrides(BASE, ["model.max_segments=1",
+                                                       "model.halt_exploration_prob=0"])))
+    _quiet(lambda: load_config("sudoku4-transformer"))
+    with pytest.warns(UserWarning, match="halt_exploration_prob=0.1 has no effect"):
+        load_config("sudoku4-transformer", ["model.halt_exploration_prob=0.1"])
+
+
+def test_gpu_keys_warn_when_the_run_trains_on_cpu():
+    _quiet(load_config("sudoku4-urm").train.warn_unused_on_cpu)  # auto bf16, default GPU share
+    _quiet(load_config("sudoku4-urm", ["train.bf16=false"]).train.warn_unused_on_cpu)
+    with pytest.warns(UserWarning, match="train.gpus_per_worker=0.5 has no effect: the run trains on CPU"):
+        load_config("sudoku4-urm", ["train.gpus_per_worker=0.5"]).train.warn_unused_on_cpu()
+    with pytest.warns(UserWarning, match="train.bf16=true has no effect: the run trains on CPU"):
+        load_config("sudoku4-urm", ["train.bf16=true"]).train.warn_unused_on_cpu()
+
+
+def test_translate_warns_on_data_that_is_not_arc():
+    from urm_ray.data import stream
+    from urm_ray.data.store import DatasetMeta
+
+    sudoku = DatasetMeta(task="sudoku", vocab_size=6, seq_len=16, num_puzzle_identifiers=1,
+                         augmentation="sudoku")
+    arc = DatasetMeta(task="arc", vocab_size=12, seq_len=900, num_puzzle_identifiers=801,
+                      augmentation="arc")
+    for translate in ("auto", False):
+        _quiet(lambda: stream.warn_unused(DataConfig(path="d", translate=translate), sudoku))
+    _quiet(lambda: stream.warn_unused(DataConfig(path="d", translate=True), arc))
+    with pytest.warns(UserWarning, match="data.translate=true has no effect on sudoku data"):
+        stream.warn_unused(DataConfig(path="d", translate=True), sudoku)
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_presets_warn_about_nothing(name):
+    cfg = _quiet(lambda: load_config(name))
+    if cfg.train.device != "cuda":  # auto may train on CPU
+        _quiet(cfg.train.warn_unused_on_cpu)
+
+
+@pytest.mark.parametrize("name", sorted(shipped_spaces()))
+def test_search_spaces_warn_about_nothing(name):
+    space = _quiet(lambda: load_space(name))
+    for point in space.spec.start_from:  # the trials a sweep starts with
+        _quiet(lambda: space.trial_config(point))

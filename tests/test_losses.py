@@ -10,8 +10,6 @@ import torch.nn.functional as F
 from urm_ray.errors import ConfigError
 from urm_ray.losses import act_loss, gaussian_kl, softmax_cross_entropy, stablemax_cross_entropy
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
-
 
 def _logits_and_labels(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
@@ -115,11 +113,8 @@ def test_act_loss_softmax_and_halt_target() -> None:
 
 
 @pytest.mark.parametrize("family", ["urm", "trm", "hrm"])
-def test_act_loss_matches_official_fixture(family: str) -> None:
-    path = REFERENCE / family / "fixture.pt"
-    if not path.exists():
-        pytest.skip(f"{path} not available")
-    fixture = torch.load(path, weights_only=True)
+def test_act_loss_matches_official_fixture(family: str, reference_dir: Path) -> None:
+    fixture = torch.load(reference_dir / family / "fixture.pt", weights_only=True)
     train, labels = fixture["train"], fixture["batch"]["labels"]
     halted = torch.ones(labels.shape[0], dtype=torch.bool)
     loss, metrics = act_loss(train, labels, halted, torch.ones(labels.shape[0]))

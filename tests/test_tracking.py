@@ -1,10 +1,18 @@
-"""MLflow tracking: URI resolution, run reuse by name, the do-nothing tracker of other ranks."""
+"""MLflow tracking: URI resolution, run reuse by name, the do-nothing tracker of other ranks, and
+what a run holds from its start (config, dataset input)."""
 
+import json
 from pathlib import Path
 
+import mlflow.data
+import yaml
 from mlflow.tracking import MlflowClient
 
 from urm_ray import tracking
+from urm_ray.config import load_config
+from urm_ray.data import store, stream
+from urm_ray.data.tasks import sudoku
+from urm_ray.train.driver import open_mlflow_run, resolve
 
 
 def test_tracking_uri_resolution(tmp_path: Path, monkeypatch):
@@ -50,3 +58,39 @@ def test_a_restarted_worker_logs_each_step_once(tmp_path: Path):
         after.log({"train/lr": 1.0, "train/lm_loss": 100.0 + step}, step)
     history = MlflowClient(uri).get_metric_history(run_id, "train/lm_loss")
     assert [(m.step, m.value) for m in history] == [(5, 5.0), (10, 10.0), (15, 15.0), (20, 120.0)]
+
+
+def test_log_dataset_records_one_input_that_mlflow_reads_back(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # artifacts of an SQLite store go to ./mlruns
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    run_id = tracking.open_run(uri, "exp", "run", {})
+    for _ in range(2):  # a resumed run logs it again
+        tracking.log_dataset(uri, run_id, "sudoku4", "/data/sudoku4", "0123abcd", {"task": "sudoku"})
+    inputs = MlflowClient(uri).get_run(run_id).inputs.dataset_inputs
+    assert len(inputs) == 1
+    assert [(t.key, t.value) for t in inputs[0].tags] == [("mlflow.data.context", "training")]
+    dataset = inputs[0].dataset
+    assert (dataset.name, dataset.digest) == ("sudoku4", "0123abcd")
+    assert json.loads(dataset.profile) == {"task": "sudoku"}
+    assert mlflow.data.get_source(dataset).uri == "/data/sudoku4"
+
+
+def test_a_run_holds_its_config_and_dataset_before_training(tmp_path: Path, monkeypatch):
+    """What the driver records when it opens the run, so that a run which crashes in its first
+    step still shows what it was and what it read."""
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "sudoku4"
+    sudoku.build_generated(data, size=4, num_train=20, num_test=5, blanks=8, seed=1)
+    cfg = resolve(load_config("sudoku4-urm", [f"data.path={data}", "tracking.tracking_uri=sqlite:///m.db",
+                                              "train.run_name=crashy"]))
+    uri = cfg.tracking.tracking_uri
+    run_id = open_mlflow_run(cfg, stream.load_meta(cfg.data))
+    client = MlflowClient(uri)
+    saved = yaml.safe_load(Path(client.download_artifacts(run_id, "config.yaml", str(tmp_path))).read_text())
+    assert saved["data"]["path"] == str(data) and saved["train"]["run_name"] == "crashy"
+    run = client.get_run(run_id)
+    assert run.info.status == "RUNNING" and run.data.params["data.path"] == str(data)
+    (dataset,) = [i.dataset for i in run.inputs.dataset_inputs]
+    assert (dataset.name, dataset.digest) == ("sudoku4", store.metadata_digest(data))
+    assert json.loads(dataset.profile) == {"task": "sudoku", "seq_len": 16, "vocab_size": 6,
+                                           "num_rows": {"train": 20, "test": 5}}

@@ -1,8 +1,8 @@
 """End-to-end training on a real local Ray cluster with a real MLflow store (slow).
 
 - a short single-worker run on 4x4 Sudoku learns far above chance on held-out puzzles;
-- its MLflow run holds the flattened config, the curves and the config/checkpoint artifacts, and
-  the checkpoint evaluates offline to the same score;
+- its MLflow run holds the flattened config, the curves, the config/checkpoint artifacts and the
+  dataset input, and the checkpoint evaluates offline to the same score;
 - checkpointing and resuming a run of 2 DDP (gloo) workers (same MLflow run, right step) is
   tested with S3 storage and an MLflow server in ``test_cloud.py``;
 - bad configs (missing dataset, unplaceable workers) fail before any work.
@@ -59,6 +59,7 @@ def test_a_run_learns_and_is_recorded_in_mlflow(ray_local, tmp_path: Path, sudok
     assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/exact_accuracy")] == [150, 300]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "checkpoint"} <= artifacts
+    assert [i.dataset.name for i in run.inputs.dataset_inputs] == ["sudoku4"]
     saved = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
     assert {"checkpoint/state.pt", "checkpoint/config.yaml"} <= saved
 
@@ -110,6 +111,10 @@ def test_a_diverging_run_fails_with_its_reason_and_no_checkpoint(ray_local, tmp_
     assert run.data.tags["urm_ray.fate_reason"].startswith(f"non-finite loss at step {step}")
     assert "eval/exact_accuracy" not in run.data.metrics
     assert not list((tmp_path / "runs").rglob("checkpoint_*"))
+    # logged when the run opened: a failed run still shows its config and dataset
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert "config.yaml" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert [i.dataset.name for i in client.get_run(run.info.run_id).inputs.dataset_inputs] == ["sudoku4"]
 
 
 def test_ctrl_c_closes_the_run_killed(tmp_path: Path, sudoku4: Path):

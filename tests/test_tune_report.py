@@ -10,6 +10,7 @@ from optuna.trial import TrialState, create_trial
 
 from urm_ray.config import dump_yaml, load_config
 from urm_ray.tune.report import PLOTS, best_config, leaderboard, ranked, write_plots
+from urm_ray.tune.resources import plan
 from urm_ray.tune.space import load_space
 
 METRIC = "eval/exact_accuracy"
@@ -44,9 +45,19 @@ def test_ranking_and_leaderboard(study_and_space):
 
 
 def test_best_config_is_a_training_config(study_and_space, tmp_path: Path):
+    """The sweep's fixed keys stay; the resources it fitted each trial with do not (final training
+    would otherwise run on the trials' CPU shares and device)."""
     study, space = study_and_space
-    cfg = best_config(space, ranked(study, space)[0], {"train.num_workers": 1, "train.cpus_per_worker": 0.4})
-    assert (cfg.model.loops, cfg.model.truncation, cfg.train.cpus_per_worker) == (3, 2, 0.4)
+    trial_plan = plan({"CPU": 2.0}, space.spec.resources, 0, space.spec.trials)
+    overrides = {**trial_plan.train_overrides(), "train.worker_resources.spot": 1.0,
+                 "data.path": "/data/sudoku4"}
+    cfg = best_config(space, ranked(study, space)[0], overrides)
+    base = space.base_config.train
+    assert (cfg.model.loops, cfg.model.truncation, cfg.data.path) == (3, 2, "/data/sudoku4")
+    assert trial_plan.train_overrides()["train.device"] == "cpu" != base.device
+    for key in ("num_workers", "cpus_per_worker", "gpus_per_worker", "device", "torch_threads",
+                "worker_resources"):
+        assert getattr(cfg.train, key) == getattr(base, key), key
     (tmp_path / "best.yaml").write_text(dump_yaml(cfg))
     assert load_config(str(tmp_path / "best.yaml")).optim.lr == cfg.optim.lr
 

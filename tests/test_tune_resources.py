@@ -4,7 +4,7 @@ requests that cannot be placed fail at once saying what is missing."""
 import pytest
 
 from urm_ray.errors import ConfigError
-from urm_ray.tune.resources import DATA_CPUS, TRIAL_CPUS, plan
+from urm_ray.tune.resources import DATA_CPUS, TRIAL_CPUS, is_resource_key, plan, without_resources
 from urm_ray.tune.space import Resources
 
 
@@ -13,6 +13,15 @@ def test_two_cpu_laptop_runs_two_small_trials():
     assert p.concurrency == 2 and p.torch_threads == 1
     assert p.concurrency * p.trial_total_cpus + DATA_CPUS <= 2.0
     assert p.train_overrides()["train.device"] == "cpu"
+
+
+def test_every_planned_key_is_a_resource_key():
+    """What the plan sets per trial is exactly what the best config and final training drop."""
+    p = plan({"CPU": 8.0, "GPU": 1.0, "spot": 1.0}, Resources(1, 1.0, 1.0, {"spot": 1.0}), 0, 1)
+    assert "train.worker_resources.spot" in p.train_overrides()
+    assert all(is_resource_key(key) for key in p.train_overrides())
+    kept = {"data.path": "/d", "train.steps": 5, "train.seed": 1}
+    assert without_resources({**p.train_overrides(), **kept}) == kept
 
 
 def test_concurrency_never_exceeds_trials_or_room():

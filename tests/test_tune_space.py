@@ -3,6 +3,7 @@ parameter; define-by-run sampling respects dependent bounds; expressions are ari
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import optuna
@@ -11,9 +12,10 @@ import yaml
 
 from urm_ray.errors import ConfigError
 from urm_ray.tune.expr import Expr
-from urm_ray.tune.space import REPO_SPACES, load_space
+from urm_ray.tune.space import load_space, shipped_spaces
 
-SHIPPED = sorted(REPO_SPACES.glob("*.yaml"))
+SHIPPED = sorted(shipped_spaces().values())
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 BASE = {
     "base": "sudoku4-urm",
     "params": {
@@ -45,6 +47,24 @@ def test_every_shipped_space_validates(path: Path):
     # paper-centred spaces start from the paper's point, which must lie inside the space
     for point in space.spec.start_from:
         space.trial_config(point)
+
+
+def test_shipped_spaces_load_by_name_from_the_package(tmp_path: Path, monkeypatch):
+    """Found through the installed package, not a source checkout's folder (cwd elsewhere)."""
+    monkeypatch.chdir(tmp_path)
+    package = Path(str(resources.files("urm_ray"))) / "search_spaces"
+    assert SHIPPED and all(p.parent == package for p in SHIPPED)
+    for name in shipped_spaces():
+        assert load_space(name).name == name
+
+
+def test_every_shipped_yaml_is_package_data():
+    """pyproject's package-data globs cover every YAML in the package, so a wheel has them."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    patterns = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["package-data"]["urm_ray"]
+    package = Path(str(resources.files("urm_ray")))
+    shipped = {p for pattern in patterns for p in package.glob(pattern)}
+    assert shipped == set(package.rglob("*.yaml"))
 
 
 def test_gram_space_searches_the_kl_coefficient():

@@ -160,7 +160,10 @@ def test_best_config_is_exported_and_trainable(sweep, capsys):
     best = max((t for t in sweep["info"].study().trials if t.state == TrialState.COMPLETE),
                key=lambda t: t.value)
     assert cfg.optim.lr == best.params["optim.lr"] and cfg.model.loops == best.params["model.loops"]
-    assert cfg.train.cpus_per_worker == 0.4 and cfg.train.steps == 30
+    assert cfg.train.steps == 30
+    # the trials ran on 0.4 CPU with train.device=cpu; the exported config keeps the base's
+    base = load_config("sudoku4-urm").train
+    assert (cfg.train.cpus_per_worker, cfg.train.device) == (base.cpus_per_worker, base.device)
 
 
 def test_final_reruns_seeds_trains_and_registers(sweep):
@@ -169,6 +172,8 @@ def test_final_reruns_seeds_trains_and_registers(sweep):
     assert outcome.metrics["step"] == 20 and outcome.model_version == "1"
     client = MlflowClient(sweep["uri"])
     run = client.get_run(outcome.run_id)
+    base = load_config("sudoku4-urm").train  # the final run's resources: not the trials' 0.4 CPU
+    assert run.data.params["train.cpus_per_worker"] == str(base.cpus_per_worker)
     final_parent = client.get_run(run.data.tags["mlflow.parentRunId"])
     assert final_parent.data.tags["mlflow.parentRunId"] == sweep["info"].parent_run_id
     version = client.get_model_version(outcome.model_name, "1")

@@ -91,7 +91,7 @@ def _sweep(args: argparse.Namespace) -> None:
             raise ConfigError("--resume NAME continues a sweep as created; give no SPACE or overrides")
         info, space = load_sweep(args.resume, args.dir)
     elif not args.space:
-        raise ConfigError("give a search space (a YAML path or a name in search_spaces/) or --resume NAME")
+        raise ConfigError("give a search space (a YAML path or a shipped space's name) or --resume NAME")
     else:
         info, space = create_sweep(args.space, args.overrides, args.name, args.dir, args.storage)
     print(f"sweep {info.name} in {info.folder} (MLflow experiment {info.experiment!r})", flush=True)
@@ -291,7 +291,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
     sweep = sub.add_parser("sweep", help="run (or --resume) a hyperparameter sweep")
-    sweep.add_argument("space", nargs="?", help="search-space YAML or a name in search_spaces/")
+    sweep.add_argument("space", nargs="?",
+                       help="search-space YAML or the name of a shipped space (urm_ray/search_spaces)")
     sweep.add_argument("overrides", nargs="*",
                        help="model./data./optim./train./tracking. keys change the base config; "
                             "others the space (trials=8, scheduler.grace_steps=50)")

@@ -9,6 +9,7 @@ wrong types and impossible combinations raise ``ConfigError`` before any work st
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -46,7 +47,9 @@ class TrainConfig:
     checkpoint_every: int = 500  # steps between checkpoints (0 = end only)
     keep_checkpoints: int = 2
     max_failures: int = 0  # worker-group restarts from the latest checkpoint after a crash
-    bf16: bool = True  # bf16 autocast, applied only on GPU
+    # bf16 autocast, applied only on GPU: auto = on GPU; true = the same, but says it asked for
+    # it, so a run on CPU warns that it has no effect; false = off
+    bf16: bool | Literal["auto"] = "auto"
     # torch.compile the segment core and the loss (urm_ray.train.compiled): true, false, or
     # auto = on CUDA only (on CPU, compiling costs more than a short run saves)
     compile: bool | Literal["auto"] = "auto"
@@ -83,6 +86,17 @@ class TrainConfig:
                     "(CPU and GPU come from train.cpus_per_worker / gpus_per_worker) and an amount > 0"
                 )
 
+    def warn_unused_on_cpu(self) -> None:
+        """The GPU-only keys a run on CPU was given; the driver calls it once it knows the run
+        trains on CPU (train.device=cpu, or auto on a cluster without GPUs)."""
+        default_gpus = TrainConfig.__dataclass_fields__["gpus_per_worker"].default
+        if self.gpus_per_worker != default_gpus:
+            warnings.warn(f"train.gpus_per_worker={self.gpus_per_worker} has no effect: the run "
+                          "trains on CPU", stacklevel=2)
+        if self.bf16 is True:
+            warnings.warn("train.bf16=true has no effect: the run trains on CPU (bf16 autocast is "
+                          "applied only on GPU)", stacklevel=2)
+
 
 @dataclass
 class TrackingConfig:
@@ -104,6 +118,15 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        # keys of one section that another section makes useless (each section warns about its own)
+        if self.model.puzzle_emb_dim == 0:
+            for key in ("puzzle_emb_lr", "puzzle_emb_weight_decay"):
+                value = getattr(self.optim, key)
+                if value != OptimConfig.__dataclass_fields__[key].default:
+                    warnings.warn(f"optim.{key}={value} has no effect with model.puzzle_emb_dim=0 "
+                                  "(no puzzle embedding to train)", stacklevel=3)
 
 
 SECTIONS = {"data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "tracking": TrackingConfig}

@@ -9,14 +9,16 @@ use the helpers at the end: runs found by name, nested runs, tags, artifacts, mo
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 RUN_NAME_TAG = "urm_ray.run_name"
 PARENT_TAG = "mlflow.parentRunId"
@@ -141,6 +143,20 @@ def _experiment_id(client: MlflowClient, name: str) -> str:
 
 def _param_value(value: Any) -> str:
     return str(list(value) if isinstance(value, tuple) else value)
+
+
+def log_dataset(tracking_uri: str, run_id: str, name: str, path: str, digest: str,
+                profile: dict[str, Any]) -> None:
+    """Record the run's dataset folder as its MLflow dataset input (the runs table's Dataset
+    column): name, digest, location and a ``profile`` (task, split sizes). Metadata only, as
+    MLflow's MetaDataset, but built as the entity itself: MetaDataset carries no profile, and
+    resolving a local path to a source warns that it is ambiguous. ``source_type="local"`` with
+    ``{"uri": path}`` is MLflow's own local source, so ``mlflow.data.get_source`` reads it back.
+    Logging the same dataset again (a resumed run) adds nothing."""
+    dataset = Dataset(name=name, digest=digest, source_type="local",
+                      source=json.dumps({"uri": path}), profile=json.dumps(profile))
+    context = InputTag(MLFLOW_DATASET_CONTEXT, "training")
+    MlflowClient(tracking_uri).log_inputs(run_id, datasets=[DatasetInput(dataset, tags=[context])])
 
 
 def make_tracker(tracking_uri: str, run_id: str, is_rank_zero: bool) -> Tracker:

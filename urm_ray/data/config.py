@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Literal
 
 from urm_ray.errors import ConfigError
 
@@ -18,7 +19,9 @@ class DataConfig:
     shuffle_seed: int = 0  # seed of the augmentations and of the row order inside blocks
     eval_split: str = "test"
     shuffle_buffer: int = 4096  # local shuffle buffer rows per worker
-    translate: bool = True  # ARC: shift each training pair on the 30x30 canvas (with augment)
+    # ARC: shift each training pair on the 30x30 canvas (with augment). auto = on ARC data; true =
+    # the same, but says it asked for it, so other data or augment=false warns; false = off
+    translate: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         if self.num_augmentations < 1:
@@ -35,3 +38,6 @@ class DataConfig:
                 " data.augment=false (each puzzle appears once per epoch)",
                 stacklevel=2,
             )
+        if not self.augment and self.translate is True:
+            warnings.warn("data.translate=true has no effect with data.augment=false (translation is "
+                          "part of the training augmentation)", stacklevel=2)

@@ -16,6 +16,7 @@ so `arrow_to_numpy` turns a column into an [N, seq_len] array without a per-row 
 """
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -102,6 +103,13 @@ def read_metadata(path: str | os.PathLike) -> DatasetMeta:
     meta = _meta_from_dict(raw, meta_file)
     _check_split_files(meta, Path(path), meta_file)
     return meta
+
+
+def metadata_digest(path: str | os.PathLike) -> str:
+    """A short fingerprint of a dataset folder, without reading its Parquet files: the hash of
+    `metadata.json`, which lists every file with its row count and records the build (arguments,
+    seed, time), so a rebuilt or changed dataset gets a new digest."""
+    return hashlib.sha256((Path(path) / METADATA_FILE).read_bytes()).hexdigest()[:8]
 
 
 def _meta_from_dict(raw: dict[str, Any], meta_file: Path) -> DatasetMeta:

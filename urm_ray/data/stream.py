@@ -169,7 +169,7 @@ def _arc_train_dataset(cfg: DataConfig) -> ray.data.Dataset:
     ds.context.enable_progress_bars = False
     kwargs = {"stored": stored, "num_augmentations": cfg.num_augmentations,
               "per_block": per_block, "seed": cfg.shuffle_seed, "tasks": tasks,
-              "translate": cfg.translate}
+              "translate": cfg.translate is not False}  # auto translates ARC grids
     return ds.map_batches(_augment_arc_block, batch_size=1, fn_kwargs=kwargs)
 
 
@@ -195,6 +195,14 @@ def warn_if_not_intended(cfg: DataConfig, meta: DatasetMeta) -> None:
             f"{cfg.num_augmentations} streams a different number",
             stacklevel=3,
         )
+
+
+def warn_unused(cfg: DataConfig, meta: DatasetMeta) -> None:
+    """Data keys that this dataset gives no effect; the driver calls it where it reads the
+    metadata, once per run."""
+    if cfg.translate is True and not per_augmentation_identifiers(meta):
+        warnings.warn(f"data.translate=true has no effect on {meta.task} data: only ARC grids are "
+                      "translated on the canvas", stacklevel=2)
 
 
 def train_dataset(cfg: DataConfig) -> ray.data.Dataset:

@@ -103,6 +103,11 @@ class RecurrentConfig:
         )
         if self.ffn == "swiglu" and (self.conv_kernel != 2 or self.conv_position != "after_gate"):
             warnings.warn("model.conv_kernel / model.conv_position have no effect with model.ffn=swiglu")
+        # the family's default is no choice of the user's, and 0 is "off": neither warns
+        default = type(self).__dataclass_fields__["halt_exploration_prob"].default
+        if self.max_segments == 1 and self.halt_exploration_prob not in (0.0, default):
+            warnings.warn(f"model.halt_exploration_prob={self.halt_exploration_prob} has no effect with "
+                          "model.max_segments=1: every row halts after its one segment")
 
     @property
     def prefix_len(self) -> int:

@@ -35,6 +35,8 @@ class TransformerConfig(RecurrentConfig):
     num_layers: int = 8
     # ACT: one segment, i.e. one forward pass per example
     max_segments: int = 1
+    # one segment leaves no minimum number of segments to explore
+    halt_exploration_prob: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()

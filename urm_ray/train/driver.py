@@ -3,9 +3,9 @@
     result = fit(load_config("sudoku4-urm"))
 
 The driver checks the config against the dataset and the cluster before any work, opens (or on
-resume re-opens) the MLflow run, streams the dataset with Ray Data, and after training uploads the
-resolved config and the final checkpoint to MLflow. Reusing ``train.run_name`` with the same
-``train.storage_path`` resumes from the latest checkpoint.
+resume re-opens) the MLflow run and records the resolved config and the dataset in it, streams the
+dataset with Ray Data, and after training uploads the final checkpoint to MLflow. Reusing
+``train.run_name`` with the same ``train.storage_path`` resumes from the latest checkpoint.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from urm_ray import tracking
 from urm_ray.cluster import scaled_up
 from urm_ray.config import RunConfig, dump_yaml, flatten
-from urm_ray.data import builtin, stream
+from urm_ray.data import builtin, store, stream
+from urm_ray.data.store import DatasetMeta
 from urm_ray.errors import ConfigError, TrainingDiverged
 from urm_ray.train.loop import train_loop_per_worker
 from urm_ray.tracking import FATE_TAG, REASON_TAG
@@ -169,12 +170,13 @@ def fit(
     the autoscaler for the workers (GPUs unless ``train.device=cpu``) and wait that long for them.
     """
     cfg = resolve(cfg)
-    stream.load_meta(cfg.data)  # a missing or malformed dataset fails here, before Ray starts
+    meta = stream.load_meta(cfg.data)  # a missing or malformed dataset fails here, before Ray starts
+    stream.warn_unused(cfg.data, meta)
     check_storage(cfg.train.storage_path)
     if not ray.is_initialized():
         ray.init()
     with scaled_up(worker_bundles(cfg), scale_up_s):
-        return _fit(cfg, tags, callbacks, params)
+        return _fit(cfg, meta, tags, callbacks, params)
 
 
 def worker_bundles(cfg: RunConfig) -> list[dict[str, float]]:
@@ -184,11 +186,13 @@ def worker_bundles(cfg: RunConfig) -> list[dict[str, float]]:
     return [{"CPU": DATA_CPU_RESERVE}] + [dict(worker) for _ in range(cfg.train.num_workers)]
 
 
-def _fit(cfg: RunConfig, tags: dict[str, str] | None, callbacks: list[Any] | None,
-         params: dict[str, Any] | None) -> FitResult:
+def _fit(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None,
+         callbacks: list[Any] | None, params: dict[str, Any] | None) -> FitResult:
     gpu = use_gpu(cfg)
+    if not gpu:
+        cfg.train.warn_unused_on_cpu()
     check_resources(cfg, gpu)
-    run_id = _open_mlflow(cfg, tags, params)
+    run_id = open_mlflow_run(cfg, meta, tags, params)
     try:
         with _noting_sigint() as interrupted:
             result = build_trainer(cfg, run_id, gpu, callbacks).fit()
@@ -266,24 +270,29 @@ def checkpoint_uri(ckpt: ray.train.Checkpoint | None) -> str | None:
     return ckpt.path if scheme == "local" else f"{scheme}://{ckpt.path}"
 
 
-def _open_mlflow(
-    cfg: RunConfig, tags: dict[str, str] | None, params: dict[str, Any] | None
-) -> str | None:
+def open_mlflow_run(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None = None,
+                    params: dict[str, Any] | None = None) -> str | None:
+    """Open (or re-open) the MLflow run of a resolved config, with its params, and record before
+    any training what a run that then crashes must still show: ``config.yaml`` and the dataset."""
     if not cfg.tracking.enabled:
         return None
-    return tracking.open_run(
-        cfg.tracking.tracking_uri, cfg.tracking.experiment, cfg.train.run_name,
-        {**flatten(cfg), **(params or {})}, tags,
-    )
-
-
-def _finish_mlflow(cfg: RunConfig, run_id: str, ckpt: ray.train.Checkpoint | None) -> None:
-    tracker = tracking.MlflowTracker(cfg.tracking.tracking_uri, run_id)
+    uri = cfg.tracking.tracking_uri
+    run_id = tracking.open_run(uri, cfg.tracking.experiment, cfg.train.run_name,
+                               {**flatten(cfg), **(params or {})}, tags)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "config.yaml"
         path.write_text(dump_yaml(cfg))
-        tracker.log_artifact(path)
+        tracking.log_artifact(uri, run_id, path)
+    splits = {name: split.num_rows for name, split in meta.splits.items()}
+    profile = {"task": meta.task, "seq_len": meta.seq_len, "vocab_size": meta.vocab_size,
+               "num_rows": splits}
+    tracking.log_dataset(uri, run_id, Path(cfg.data.path).name, cfg.data.path,
+                         store.metadata_digest(cfg.data.path), profile)
+    return run_id
+
+
+def _finish_mlflow(cfg: RunConfig, run_id: str, ckpt: ray.train.Checkpoint | None) -> None:
     if ckpt is not None and cfg.tracking.log_checkpoint:
         with ckpt.as_directory() as folder:
-            tracker.log_artifact(folder, "checkpoint")
+            tracking.log_artifact(cfg.tracking.tracking_uri, run_id, folder, "checkpoint")
     tracking.close_run(cfg.tracking.tracking_uri, run_id, "FINISHED")

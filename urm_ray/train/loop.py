@@ -160,7 +160,7 @@ class Trainer:
             position.epoch, position.batch, skip = position.epoch + 1, 0, 0
 
     def _autocast(self) -> Any:
-        if self.device.type == "cuda" and self.cfg.train.bf16:
+        if self.device.type == "cuda" and self.cfg.train.bf16 is not False:  # true or auto
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return nullcontext()
 

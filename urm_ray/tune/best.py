@@ -27,7 +27,7 @@ from urm_ray import tracking
 from urm_ray.cluster import scaled_up
 from urm_ray.config import RunConfig, apply_overrides, build_config, dump_yaml
 from urm_ray.errors import ConfigError
-from urm_ray.tune.resources import trial_bundles
+from urm_ray.tune.resources import trial_bundles, without_resources
 from urm_ray.tune.report import BEST_FILE, best_config, ranked
 from urm_ray.tune.space import SearchSpace, with_values
 from urm_ray.tune.sweep import DEFAULT_ROOT, SweepInfo, init_ray, load_sweep
@@ -145,7 +145,9 @@ def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, over
     from urm_ray.train.driver import fit
     from urm_ray.train.offline import load_checkpoint
 
-    data = with_values(space.base, {**dict(winner.params), **info.trial_overrides,
+    # the trials' resources stay behind: the run at full length gets the base config's, the
+    # space's final overrides or the command line's
+    data = with_values(space.base, {**dict(winner.params), **without_resources(info.trial_overrides),
                                     **space.spec.final.overrides})
     data = apply_overrides(data, [*overrides, f"train.run_name={info.name}-final-t{winner.number:03d}",
                                   f"train.storage_path={info.runs_path('final')}",

@@ -2,8 +2,9 @@
 
 Written into the sweep folder and uploaded to the sweep's parent MLflow run:
 ``leaderboard.csv`` (every trial: fate, objective values, last step, sampled values, MLflow run
-id), ``best_config.yaml`` (a training config ``urm-ray train`` accepts) and ``plots/*.png``
-(optimization history, parameter importances, parallel coordinates, slices).
+id), ``best_config.yaml`` (a training config ``urm-ray train`` accepts, without the resources
+the sweep gave each trial) and ``plots/*.png`` (optimization history, parameter importances,
+parallel coordinates, slices).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from urm_ray import tracking
 from urm_ray.config import RunConfig, dump_yaml
 from urm_ray.tune.expr import Expr
 from urm_ray.tune.params import Param
+from urm_ray.tune.resources import without_resources
 from urm_ray.tune.search import FATE_ATTR
 from urm_ray.tune.space import SearchSpace
 from urm_ray.tune.trial import TRIAL_TAG
@@ -52,8 +54,10 @@ def ranked(study: optuna.Study, space: SearchSpace) -> list[FrozenTrial]:
 
 
 def best_config(space: SearchSpace, trial: FrozenTrial, overrides: dict[str, Any]) -> RunConfig:
-    """The winning trial as a standalone training config (the sweep's resources, base names)."""
-    return space.trial_config(dict(trial.params), overrides)
+    """The winning trial as a standalone training config: its sampled values and the sweep's
+    ``overrides`` without the per-trial resources (fitted to run trials side by side on the
+    sweep's cluster), so the base config's resources apply, or those given to final training."""
+    return space.trial_config(dict(trial.params), without_resources(overrides))
 
 
 def leaderboard(study: optuna.Study, space: SearchSpace, run_ids: dict[int, str]) -> list[dict[str, Any]]:

@@ -23,6 +23,8 @@ from urm_ray.tune.space import Resources
 TRIAL_CPUS = 0.1  # the Tune trial actor: builds the trainer, then waits on it
 DATA_CPUS = 1.0  # one Ray Data map task (num_cpus=1 by default), shared by all trials
 _EPS = 1e-9  # float slack: 2 * 0.45 + 0.1 must count as <= 1.0
+RESOURCE_KEYS = ("train.num_workers", "train.cpus_per_worker", "train.gpus_per_worker",
+                 "train.device", "train.torch_threads")  # and train.worker_resources.*
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class Plan:
         return self.trial_cpus + self.workers * self.cpus_per_worker
 
     def train_overrides(self) -> dict[str, object]:
-        """Dotted config keys every trial gets from the plan."""
+        """Dotted config keys every trial gets from the plan (each one ``is_resource_key``)."""
         return {
             "train.num_workers": self.workers,
             "train.cpus_per_worker": self.cpus_per_worker,
@@ -82,6 +84,16 @@ def plan(cluster: dict[str, float], res: Resources, requested: int, trials: int)
         threads = min(threads, max(1, math.ceil(res.cpus_per_worker)))
     return Plan(res.workers, res.cpus_per_worker, res.gpus_per_worker, TRIAL_CPUS, concurrency,
                 threads, custom)
+
+
+def is_resource_key(key: str) -> bool:
+    """Whether a dotted key is one the plan sets: where a trial runs on the sweep's cluster, not
+    part of the config that won, so the best config and final training leave it out."""
+    return key in RESOURCE_KEYS or key.startswith("train.worker_resources.")
+
+
+def without_resources(overrides: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in overrides.items() if not is_resource_key(k)}
 
 
 def trial_bundles(res: Resources, trials: int) -> list[dict[str, float]]:

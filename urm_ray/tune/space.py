@@ -1,8 +1,11 @@
 """Search spaces: a YAML file naming a base training config, what to search and how.
 
-    space = load_space("search_spaces/quickstart.yaml", ["trials=8", "train.steps=300"])
+    space = load_space("quickstart", ["trials=8", "train.steps=300"])  # or a YAML path
     values = space.suggest(optuna_trial)              # define-by-run, dependent bounds
     cfg = space.trial_config(values)                  # a validated RunConfig
+
+SPACE is a YAML path, a name in ./search_spaces, or the name of a space shipped in
+``urm_ray/search_spaces`` (package data, so an installed wheel has them too).
 
 A space is checked completely before any trial starts: unknown parameter paths, empty ranges,
 dependent bounds that can become impossible and values the training config rejects all raise
@@ -18,6 +21,7 @@ import itertools
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -35,7 +39,6 @@ CONFIG_SECTIONS = ("model", *SECTIONS)
 NOT_SEARCHABLE = ("train.steps", "train.run_name", "train.storage_path", "train.num_workers",
                   "train.cpus_per_worker", "train.gpus_per_worker", "train.device", "data.path")
 MAX_COMBINATIONS = 4096  # combinations of grid values that validation tries, at most
-REPO_SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
 
 
 @dataclass
@@ -159,13 +162,20 @@ class SearchSpace:
         return yaml.safe_dump(to_dict(self.spec), sort_keys=False)
 
 
+def shipped_spaces() -> dict[str, Path]:
+    """Name -> file of the spaces shipped in ``urm_ray/search_spaces`` (their bases sit in base/)."""
+    # a real folder, not a Traversable: a space's base is read relative to the space's file
+    folder = Path(str(resources.files("urm_ray") / "search_spaces"))
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+
+
 def find_space(source: str) -> Path:
-    """A YAML path, or a space name looked up in ./search_spaces and the repo's search_spaces."""
-    for path in (Path(source), Path("search_spaces") / f"{source}.yaml", REPO_SPACES / f"{source}.yaml"):
-        if path.is_file():
+    """A YAML path, or a space name looked up in ./search_spaces, then in the shipped spaces."""
+    shipped = shipped_spaces()
+    for path in (Path(source), Path("search_spaces") / f"{source}.yaml", shipped.get(source)):
+        if path is not None and path.is_file():
             return path
-    names = sorted(p.stem for p in REPO_SPACES.glob("*.yaml")) if REPO_SPACES.is_dir() else []
-    raise ConfigError(f"search space {source!r} not found; shipped spaces: {', '.join(names)}")
+    raise ConfigError(f"search space {source!r} not found; shipped spaces: {', '.join(shipped)}")
 
 
 def load_space(source: str, overrides: list[str] | None = None) -> SearchSpace:

@@ -1,6 +1,6 @@
 """Run a sweep: Ray Tune over the Train driver, OptunaSearch (TPE) + ASHA, MLflow parent run.
 
-    info, space = create_sweep("search_spaces/quickstart.yaml", ["trials=8"])
+    info, space = create_sweep("quickstart", ["trials=8"])
     outcome = run_sweep(info, space)
     info, space = load_sweep(outcome.name); run_sweep(info, space, resume=True)   # after Ctrl-C
 

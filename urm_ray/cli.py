@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +39,8 @@ def _train(args: argparse.Namespace) -> None:
     from urm_ray.config import load_config
     from urm_ray.train.driver import fit
 
-    result = fit(load_config(args.config, args.overrides), scale_up_s=args.scale_up)
+    result = fit(load_config(args.config, args.overrides), scale_up_s=args.scale_up,
+                 verbose=args.verbose)
     summary = {k: v for k, v in result.metrics.items() if k.startswith("eval/") or k == "step"}
     print(json.dumps({"run_name": result.run_name, "checkpoint": result.checkpoint_path,
                       "mlflow_run_id": result.mlflow_run_id, **summary}, indent=2))
@@ -86,7 +88,8 @@ def _sweep(args: argparse.Namespace) -> None:
     else:
         info, space = create_sweep(args.space, args.overrides, args.name, args.dir, args.storage)
     print(f"sweep {info.name} in {info.folder} (MLflow experiment {info.experiment!r})", flush=True)
-    outcome = run_sweep(info, space, resume=bool(args.resume), scale_up_s=args.scale_up)
+    outcome = run_sweep(info, space, resume=bool(args.resume), scale_up_s=args.scale_up,
+                        verbose=args.verbose)
     print(json.dumps({"sweep": outcome.name, "finished": outcome.finished,
                       "requested": outcome.requested, f"best {space.metric}": outcome.best_value,
                       "best_config": outcome.best_config_path}, indent=2))
@@ -106,7 +109,7 @@ def _final(args: argparse.Namespace) -> None:
     from urm_ray.tune.best import final
 
     outcome = final(args.name, args.dir, args.seeds, args.top, args.overrides, args.model_name,
-                    scale_up_s=args.scale_up)
+                    scale_up_s=args.scale_up, verbose=args.verbose)
     summary = {k: v for k, v in outcome.metrics.items() if k.startswith("eval/") or k == "step"}
     print(json.dumps({"winner_trial": outcome.winner, "seed_scores": outcome.scores,
                       "mlflow_run_id": outcome.run_id, "registered_model": outcome.model_name,
@@ -220,6 +223,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("config", help="YAML path or preset name (see `urm-ray presets`)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.loops=8")
     _scale_up_option(train)
+    _verbose_option(train)
     train.set_defaults(func=_train)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder on its held-out split")
@@ -236,6 +240,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-mlflow", dest="mlflow", action="store_false",
                     help="ARC: do not log the evaluation to MLflow")
     ev.add_argument("--tracking-uri", default="", help="MLflow URI (default: the run's)")
+    _verbose_option(ev)
     ev.set_defaults(func=_eval)
 
     _sweep_parsers(sub)
@@ -285,6 +290,7 @@ def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
                        help="Optuna database URL (default: sqlite in the sweep folder)")
     sweep.add_argument("--dir", default="sweeps", help="folder holding sweeps (default ./sweeps)")
     _scale_up_option(sweep)
+    _verbose_option(sweep)
     sweep.set_defaults(func=_sweep)
 
     best = sub.add_parser("best", help="print and export the best config of a sweep")
@@ -301,6 +307,7 @@ def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
     fin.add_argument("--model-name", default="", help="registered model (default urm-ray-<sweep>)")
     fin.add_argument("--dir", default="sweeps")
     _scale_up_option(fin)
+    _verbose_option(fin)
     fin.set_defaults(func=_final)
 
 
@@ -308,6 +315,12 @@ def _scale_up_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale-up", type=float, default=0.0, metavar="SECONDS",
                         help="on an autoscaling cluster: ask for the nodes this run needs and wait "
                              "up to SECONDS for them (default 0: use the cluster as it is)")
+
+
+def _verbose_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show the output of Ray (its workers, actors and warnings) and "
+                             "MLflow's INFO messages; by default they go to Ray's log files only")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -325,6 +338,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if not getattr(args, "verbose", False):
+        # read by MLflow when it is first imported (the commands import it lazily), and by the
+        # Ray workers this process starts
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     func: Callable[[argparse.Namespace], None] = args.func
     try:
         func(args)

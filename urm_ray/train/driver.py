@@ -30,7 +30,7 @@ import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from urm_ray import tracking
-from urm_ray.cluster import scaled_up
+from urm_ray.cluster import init_ray, scaled_up
 from urm_ray.config import RunConfig, dump_yaml, flatten
 from urm_ray.data import builtin, stream
 from urm_ray.errors import ConfigError, TrainingDiverged
@@ -161,18 +161,21 @@ def fit(
     callbacks: list[Any] | None = None,
     params: dict[str, Any] | None = None,
     scale_up_s: float = 0.0,
+    verbose: bool = False,
 ) -> FitResult:
     """Train (or resume) one run; returns its final metrics and checkpoint path.
 
     ``tags`` and ``params`` are added to the MLflow run (a sweep passes the parent run id and the
     sampled values); ``callbacks`` go to Ray Train's ``RunConfig``. ``scale_up_s`` > 0: first ask
     the autoscaler for the workers (GPUs unless ``train.device=cpu``) and wait that long for them.
+    Ray is started (or joined, with $RAY_ADDRESS) here unless the caller did; ``verbose`` shows
+    its output.
     """
     cfg = resolve(cfg)
     stream.load_meta(cfg.data)  # a missing or malformed dataset fails here, before Ray starts
     check_storage(cfg.train.storage_path)
     if not ray.is_initialized():
-        ray.init()
+        init_ray(verbose=verbose)
     with scaled_up(worker_bundles(cfg), scale_up_s):
         return _fit(cfg, tags, callbacks, params)
 

@@ -9,6 +9,7 @@
                                                   (ARC: augmentation voting, pass@k; to MLflow)
     urm-ray sweep quickstart trials=8             hyperparameter sweep (Tune + Optuna + ASHA)
     urm-ray sweep --resume NAME                   continue an interrupted sweep
+    urm-ray runs                                  the runs and sweeps in the MLflow store (also: ls)
     urm-ray best NAME                             print and export a sweep's best config
     urm-ray final NAME --seeds 3                  re-check the top configs, train the winner
 """
@@ -37,26 +38,31 @@ def _presets(args: argparse.Namespace) -> None:
 
 def _train(args: argparse.Namespace) -> None:
     from urm_ray.config import load_config
+    from urm_ray.progress import Progress
     from urm_ray.train.driver import fit
 
-    result = fit(load_config(args.config, args.overrides), scale_up_s=args.scale_up,
-                 verbose=args.verbose)
+    cfg = load_config(args.config, args.overrides)
+    progress = Progress("train", cfg.train.steps, unit="steps", live=sys.stderr.isatty())
+    result = fit(cfg, scale_up_s=args.scale_up, verbose=args.verbose, progress=progress)
     summary = {k: v for k, v in result.metrics.items() if k.startswith("eval/") or k == "step"}
     print(json.dumps({"run_name": result.run_name, "checkpoint": result.checkpoint_path,
                       "mlflow_run_id": result.mlflow_run_id, **summary}, indent=2))
 
 
 def _eval(args: argparse.Namespace) -> None:
+    from urm_ray.cluster import init_ray
     from urm_ray.train import offline
 
+    live = sys.stderr.isatty()
     if not offline.is_arc(args.checkpoint):
+        init_ray(verbose=args.verbose)  # its split is read with Ray Data
         metrics = offline.evaluate_checkpoint(args.checkpoint, split=args.split,
-                                              max_rows=args.max_rows)
+                                              max_rows=args.max_rows, live=live)
         print(json.dumps(metrics, indent=2))
         return
     report = offline.evaluate_arc_checkpoint(
         args.checkpoint, split=args.split, num_augmentations=args.augmentations,
-        halt_early=args.halt_early, pass_ks=args.pass_k, max_pairs=args.max_rows,
+        halt_early=args.halt_early, pass_ks=args.pass_k, max_pairs=args.max_rows, live=live,
     )
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
@@ -95,6 +101,13 @@ def _sweep(args: argparse.Namespace) -> None:
                       "best_config": outcome.best_config_path}, indent=2))
     if outcome.interrupted:
         print(f"interrupted: resume with `urm-ray sweep --resume {outcome.name}`", file=sys.stderr)
+
+
+def _runs(args: argparse.Namespace) -> None:
+    from urm_ray.runs import list_runs
+    from urm_ray.tracking import resolve_tracking_uri
+
+    print(list_runs(resolve_tracking_uri(args.tracking_uri), args.experiment, args.limit))
 
 
 def _best(args: argparse.Namespace) -> None:
@@ -245,6 +258,13 @@ def _parser() -> argparse.ArgumentParser:
 
     _sweep_parsers(sub)
 
+    runs = sub.add_parser("runs", aliases=["ls"], help="list the runs and sweeps in the MLflow store")
+    runs.add_argument("--tracking-uri", default="",
+                      help="MLflow URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    runs.add_argument("--experiment", default="", help="only this MLflow experiment")
+    runs.add_argument("--limit", type=int, default=50, help="the newest N runs (default 50)")
+    runs.set_defaults(func=_runs)
+
     data = sub.add_parser("data", help="build a dataset").add_subparsers(dest="task", required=True)
     s = data.add_parser("sudoku", help="generate n x n Sudoku or convert a Sudoku-Extreme CSV")
     s.add_argument("--out", required=True, help="dataset folder to create")
@@ -337,7 +357,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
     if not getattr(args, "verbose", False):
         # read by MLflow when it is first imported (the commands import it lazily), and by the
         # Ray workers this process starts

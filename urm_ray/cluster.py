@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import ray
+import ray.data  # noqa: F401  (configures the ray.data logger, which init_ray then sets)
 
 from urm_ray.errors import ConfigError
 
@@ -39,12 +40,17 @@ def init_ray(num_cpus: int | None = None, verbose: bool = False) -> None:
 
     Quiet (``verbose=False``): the output of Ray's workers and actors stays in Ray's log files
     (``/tmp/ray/session_latest/logs``) instead of reaching this terminal, and the driver's
-    ``ray`` logger shows errors only.
+    ``ray`` loggers show errors only (Ray Data's too: it runs in this process for ``urm-ray eval``,
+    and sets its own level when imported).
     """
+    if not verbose:
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
     quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
     if os.environ.get("RAY_ADDRESS"):
+        log.info("joining Ray at %s", os.environ["RAY_ADDRESS"])
         ray.init(**quiet)
         return
+    log.info("starting Ray (a private local instance)")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

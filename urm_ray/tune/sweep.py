@@ -34,13 +34,14 @@ from urm_ray import tracking
 from urm_ray.cluster import init_ray, scaled_up
 from urm_ray.data import builtin, stream
 from urm_ray.errors import ConfigError
+from urm_ray.tracking import KIND_TAG, SWEEP_TAG
 from urm_ray.tune import report
 from urm_ray.tune.fate import FateRecorder
 from urm_ray.tune.resources import Plan, plan, trial_bundles
 from urm_ray.tune.search import TRIAL_KEY, SweepSearch, make_sampler
 from urm_ray.tune.space import SearchSpace, find_space, load_space
 from urm_ray.tune.table import TrialTable
-from urm_ray.tune.trial import KIND_TAG, SWEEP_TAG, TrialContext, run_trial
+from urm_ray.tune.trial import TrialContext, run_trial
 from urm_ray.typed import to_dict
 
 DEFAULT_ROOT = "sweeps"
@@ -266,6 +267,7 @@ def _tuner(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContex
             # a failed trial restarts; its Ray Train run resumes from its latest checkpoint
             failure_config=tune.FailureConfig(max_failures=space.retries),
             callbacks=[FateRecorder(ctx, space.spec.scheduler.name),
-                       TrialTable(space.metric, space.mode, space.steps), *callbacks],
+                       TrialTable(space.metric, space.mode, space.steps, space.spec.trials),
+                       *callbacks],
         ),
     )

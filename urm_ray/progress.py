@@ -99,6 +99,11 @@ class Progress:
             self._line()
         self.close()
 
+    def refresh(self) -> None:
+        """Redraw the bar (its elapsed time and ETA move on between updates)."""
+        if self._bar is not None:
+            self._bar.refresh()
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()

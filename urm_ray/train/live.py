@@ -120,6 +120,7 @@ def watching(progress: Progress, poll_s: float = POLL_S) -> Iterator[Any]:
         try:
             while not stop.wait(poll_s):
                 drain()
+                progress.refresh()
         except ray.exceptions.RayError:  # Ray is going down under a failed run: nothing to show
             pass
 

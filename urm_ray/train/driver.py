@@ -178,10 +178,11 @@ def fit(
     its output. ``progress``: shows the steps while training (None: nothing is shown, as in a
     sweep's trials); the setup phases are logged at INFO.
     """
-    logger.info("reading data %s", cfg.data.path)  # a builtin: dataset is built here, once
+    logger.info("reading data %s", cfg.data.path)  # a builtin: dataset is built on first use
     cfg = resolve(cfg)
     meta = stream.load_meta(cfg.data)  # a missing or malformed dataset fails here, before Ray starts
-    logger.info("data: %s", ", ".join(f"{name} {split.num_rows} rows" for name, split in meta.splits.items()))
+    logger.info("data: %s", ", ".join(f"{name} {split.num_rows} rows"
+                                      for name, split in meta.splits.items()))
     check_storage(cfg.train.storage_path)
     if not ray.is_initialized():
         init_ray(verbose=verbose)

@@ -112,17 +112,19 @@ def watching(progress: Progress, poll_s: float = POLL_S) -> Iterator[Any]:
     inbox = Inbox.remote()
     stop = threading.Event()
 
-    def drain() -> None:
-        for event in ray.get(inbox.take.remote()):
+    def drain() -> bool:
+        """Show what arrived; False once Ray is going down under a failed run."""
+        try:
+            events = ray.get(inbox.take.remote())
+        except ray.exceptions.RayError:
+            return False
+        for event in events:
             show(progress, event)
+        return True
 
     def loop() -> None:
-        try:
-            while not stop.wait(poll_s):
-                drain()
-                progress.refresh()
-        except ray.exceptions.RayError:  # Ray is going down under a failed run: nothing to show
-            pass
+        while not stop.wait(poll_s) and drain():
+            progress.refresh()
 
     thread = threading.Thread(target=loop, name="urm_ray-progress", daemon=True)
     thread.start()
@@ -131,9 +133,6 @@ def watching(progress: Progress, poll_s: float = POLL_S) -> Iterator[Any]:
     finally:
         stop.set()
         thread.join()
-        try:
-            drain()  # what came after the last poll (the final report)
-        except ray.exceptions.RayError:
-            pass
-        ray.kill(inbox)
+        if drain():  # what came after the last poll (the final report)
+            ray.kill(inbox)
         progress.close()

@@ -40,7 +40,8 @@ import optuna
 import ray
 from ray import tune
 
-from urm_ray.tune.sweep import create_sweep, init_ray, run_sweep
+from urm_ray.cluster import init_ray
+from urm_ray.tune.sweep import create_sweep, run_sweep
 from urm_ray.tune.trial import split_config
 
 ARMS = {
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(json.dumps(result, indent=2))
         return result
     targets = [float(t) for t in args.target.split(",")]
-    init_ray(num_cpus=args.cpus or None, log_to_driver=False)
+    init_ray(num_cpus=args.cpus or None)
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(args.dir or scratch).resolve()

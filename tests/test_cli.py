@@ -45,3 +45,10 @@ def test_data_commands_refuse_an_existing_out_before_reading_input(tmp_path: Pat
 def test_eval_of_a_folder_that_is_no_checkpoint_is_a_clean_error(tmp_path: Path, capsys):
     assert main(["eval", str(tmp_path / "nope")]) == 2
     assert "not a urm_ray checkpoint folder (config.yaml is missing)" in capsys.readouterr().err
+
+
+def test_runs_without_a_store_is_a_clean_error_and_creates_none(tmp_path: Path, capsys):
+    store = tmp_path / "mlflow.db"
+    assert main(["runs", "--tracking-uri", f"sqlite:///{store}"]) == 2
+    assert f"no MLflow store at sqlite:///{store}" in capsys.readouterr().err
+    assert not store.exists()

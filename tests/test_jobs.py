@@ -47,7 +47,7 @@ def head():
            f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
            "--num-cpus=2", f"--temp-dir={temp}", "--disable-usage-stats"]
     # RAY_API_SERVER_ADDRESS: Train's placement-group cleaner finds this head's State API even when
-    # other Ray instances run on the machine (see urm_ray.tune.sweep.init_ray).
+    # other Ray instances run on the machine (see urm_ray.cluster.init_ray).
     env = subprocess_env(RAY_API_SERVER_ADDRESS=url, RAY_AUTH_MODE=AUTH_MODE)
     env.pop("RAY_ADDRESS", None)
     # A job's entrypoint runs with the PATH of `ray start`: put this Python's `urm-ray` on it, as

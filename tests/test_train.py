@@ -1,6 +1,7 @@
 """End-to-end training on a real local Ray cluster with a real MLflow store (slow).
 
-- a short single-worker run on 4x4 Sudoku learns far above chance on held-out puzzles;
+- a short single-worker run of `urm-ray train` on 4x4 Sudoku learns far above chance on
+  held-out puzzles, showing its setup and progress and no traceback; `urm-ray runs` lists it;
 - its MLflow run holds the flattened config, the curves, the config/checkpoint artifacts and the
   dataset input, and the checkpoint evaluates offline to the same score;
 - checkpointing and resuming a run of 2 DDP (gloo) workers (same MLflow run, right step) is
@@ -10,6 +11,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,17 +44,42 @@ def _config(tmp_path: Path, data: Path, *overrides: str):
     ])
 
 
-def test_a_run_learns_and_is_recorded_in_mlflow(ray_local, tmp_path: Path, sudoku4: Path):
-    cfg = _config(tmp_path, sudoku4, "train.steps=300", "train.log_every=20", "train.eval_every=150",
-                  "train.checkpoint_every=0", "train.run_name=learn", "optim.warmup_steps=100")
-    result = fit(cfg)
+def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`urm-ray ARGS` in its own process, as a user runs it: no RAY_ADDRESS, so it starts its own
+    Ray instance (next to this session's and any other on the machine)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    return subprocess.run([sys.executable, "-m", "urm_ray.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_run_learns_and_is_recorded_in_mlflow(ray_local, tmp_path: Path, sudoku4: Path, capsys):
+    """`urm-ray train`: setup phases and a progress line per report, no traceback, nothing from
+    Ray; the run learns, MLflow records it, `urm-ray runs` lists it."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = _cli(tmp_path, "train", "sudoku4-urm", f"data.path={sudoku4}", f"tracking.tracking_uri={uri}",
+                "tracking.experiment=test", "train.storage_path=runs", "train.steps=300",
+                "train.log_every=20", "train.eval_every=150", "train.checkpoint_every=0",
+                "train.run_name=learn", "optim.warmup_steps=100")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)  # stdout holds the summary alone: Ray's output stays in its logs
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    for phase in ("reading data", "starting Ray (a private local instance)", "building the model (urm)",
+                  "training from step 0", "evaluating at step 150", "uploading the config"):
+        assert phase in done.stderr, (phase, done.stderr)
+    lines = [line.split("urm_ray.progress: ")[1] for line in done.stderr.splitlines()
+             if "urm_ray.progress: train: " in line]
+    reports = sorted({*range(20, 301, 20), 150})  # log_every and eval_every
+    assert [line.split(" (")[0] for line in lines] == [f"train: {s}/300 steps" for s in reports]
+    assert "eval_exact -" in lines[0] and "eval_exact -" not in lines[-1] and "samples/s" in lines[-1]
+
     # Chance: a model that copies the 8 givens and guesses the 8 blanks among 4 digits scores
     # 8/16 + 8/16 * 1/4 = 0.625 token accuracy; learning must beat it clearly.
-    assert result.metrics["eval/token_accuracy"] > 0.675, result.metrics
-    assert result.metrics["eval/rows"] == 100
+    assert summary["eval/token_accuracy"] > 0.675, summary
+    assert summary["eval/rows"] == 100
+    assert f"eval_exact {summary['eval/exact_accuracy']:.3f}" in lines[-1]
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    run = client.get_run(result.mlflow_run_id)
+    client = MlflowClient(uri)
+    run = client.get_run(summary["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.params["model.loops"] == "4"
     assert run.data.params["train.global_batch_size"] == "128"
@@ -63,8 +93,18 @@ def test_a_run_learns_and_is_recorded_in_mlflow(ray_local, tmp_path: Path, sudok
     saved = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
     assert {"checkpoint/state.pt", "checkpoint/config.yaml"} <= saved
 
-    offline = evaluate_checkpoint(result.checkpoint_path)
-    assert offline["eval/exact_accuracy"] == pytest.approx(result.metrics["eval/exact_accuracy"])
+    offline = evaluate_checkpoint(summary["checkpoint"])
+    assert offline["eval/exact_accuracy"] == pytest.approx(summary["eval/exact_accuracy"])
+
+    from urm_ray.cli import main
+
+    assert main(["runs", "--tracking-uri", uri]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split() == ["experiment", "run", "kind", "state", "step", "best",
+                              "eval/exact_accuracy", "checkpoint"]
+    best = max(m.value for m in client.get_metric_history(run.info.run_id, "eval/exact_accuracy"))
+    assert row.split() == ["test", "learn", "train", "FINISHED", "300/300", f"{best:.4f}",
+                           summary["checkpoint"]]
 
 
 def test_missing_dataset_fails_before_work(tmp_path: Path):
@@ -120,10 +160,7 @@ def test_a_diverging_run_fails_with_its_reason_and_no_checkpoint(ray_local, tmp_
 def test_ctrl_c_closes_the_run_killed(tmp_path: Path, sudoku4: Path):
     """SIGINT to `urm-ray train` once it trains: the MLflow run ends KILLED, not RUNNING or FAILED,
     and the command says how to resume from the checkpoint it has."""
-    import os
     import signal
-    import subprocess
-    import sys
     import time
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -21,10 +21,11 @@ from optuna.trial import TrialState
 from ray import tune
 
 from urm_ray.cli import main
+from urm_ray.cluster import init_ray
 from urm_ray.config import load_config
 from urm_ray.data.tasks import sudoku
 from urm_ray.tune.best import final
-from urm_ray.tune.sweep import create_sweep, init_ray, load_sweep, run_sweep
+from urm_ray.tune.sweep import create_sweep, load_sweep, run_sweep
 
 pytestmark = pytest.mark.slow
 

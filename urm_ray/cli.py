@@ -9,6 +9,7 @@
                                                   (ARC: augmentation voting, pass@k; to MLflow)
     urm-ray sweep quickstart trials=8             hyperparameter sweep (Tune + Optuna + ASHA)
     urm-ray sweep --resume NAME                   continue an interrupted sweep
+    urm-ray runs                                  the runs and sweeps in the MLflow store (also: ls)
     urm-ray best NAME                             print and export a sweep's best config
     urm-ray final NAME --seeds 3                  re-check the top configs, train the winner
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,25 +38,31 @@ def _presets(args: argparse.Namespace) -> None:
 
 def _train(args: argparse.Namespace) -> None:
     from urm_ray.config import load_config
+    from urm_ray.progress import Progress
     from urm_ray.train.driver import fit
 
-    result = fit(load_config(args.config, args.overrides), scale_up_s=args.scale_up)
+    cfg = load_config(args.config, args.overrides)
+    progress = Progress("train", cfg.train.steps, unit="steps", live=sys.stderr.isatty())
+    result = fit(cfg, scale_up_s=args.scale_up, verbose=args.verbose, progress=progress)
     summary = {k: v for k, v in result.metrics.items() if k.startswith("eval/") or k == "step"}
     print(json.dumps({"run_name": result.run_name, "checkpoint": result.checkpoint_path,
                       "mlflow_run_id": result.mlflow_run_id, **summary}, indent=2))
 
 
 def _eval(args: argparse.Namespace) -> None:
+    from urm_ray.cluster import init_ray
     from urm_ray.train import offline
 
+    live = sys.stderr.isatty()
     if not offline.is_arc(args.checkpoint):
+        init_ray(verbose=args.verbose)  # its split is read with Ray Data
         metrics = offline.evaluate_checkpoint(args.checkpoint, split=args.split,
-                                              max_rows=args.max_rows)
+                                              max_rows=args.max_rows, live=live)
         print(json.dumps(metrics, indent=2))
         return
     report = offline.evaluate_arc_checkpoint(
         args.checkpoint, split=args.split, num_augmentations=args.augmentations,
-        halt_early=args.halt_early, pass_ks=args.pass_k, max_pairs=args.max_rows,
+        halt_early=args.halt_early, pass_ks=args.pass_k, max_pairs=args.max_rows, live=live,
     )
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
@@ -95,12 +103,20 @@ def _sweep(args: argparse.Namespace) -> None:
     else:
         info, space = create_sweep(args.space, args.overrides, args.name, args.dir, args.storage)
     print(f"sweep {info.name} in {info.folder} (MLflow experiment {info.experiment!r})", flush=True)
-    outcome = run_sweep(info, space, resume=bool(args.resume), scale_up_s=args.scale_up)
+    outcome = run_sweep(info, space, resume=bool(args.resume), scale_up_s=args.scale_up,
+                        verbose=args.verbose)
     print(json.dumps({"sweep": outcome.name, "finished": outcome.finished,
                       "requested": outcome.requested, f"best {space.metric}": outcome.best_value,
                       "best_config": outcome.best_config_path}, indent=2))
     if outcome.interrupted:
         print(f"interrupted: resume with `urm-ray sweep --resume {outcome.name}`", file=sys.stderr)
+
+
+def _runs(args: argparse.Namespace) -> None:
+    from urm_ray.runs import list_runs
+    from urm_ray.tracking import resolve_tracking_uri
+
+    print(list_runs(resolve_tracking_uri(args.tracking_uri), args.experiment, args.limit))
 
 
 def _best(args: argparse.Namespace) -> None:
@@ -115,7 +131,7 @@ def _final(args: argparse.Namespace) -> None:
     from urm_ray.tune.best import final
 
     outcome = final(args.name, args.dir, args.seeds, args.top, args.overrides, args.model_name,
-                    scale_up_s=args.scale_up)
+                    scale_up_s=args.scale_up, verbose=args.verbose)
     summary = {k: v for k, v in outcome.metrics.items() if k.startswith("eval/") or k == "step"}
     print(json.dumps({"winner_trial": outcome.winner, "seed_scores": outcome.scores,
                       "mlflow_run_id": outcome.run_id, "registered_model": outcome.model_name,
@@ -229,6 +245,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("config", help="YAML path or preset name (see `urm-ray presets`)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.loops=8")
     _scale_up_option(train)
+    _verbose_option(train)
     train.set_defaults(func=_train)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder on its held-out split")
@@ -245,6 +262,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-mlflow", dest="mlflow", action="store_false",
                     help="ARC: do not log the evaluation to MLflow")
     ev.add_argument("--tracking-uri", default="", help="MLflow URI (default: the run's)")
+    _verbose_option(ev)
     ev.set_defaults(func=_eval)
 
     sa = sub.add_parser("sample", help="generate boards from the empty input (GRAM) and verify them")
@@ -255,6 +273,13 @@ def _parser() -> argparse.ArgumentParser:
     sa.set_defaults(func=_sample)
 
     _sweep_parsers(sub)
+
+    runs = sub.add_parser("runs", aliases=["ls"], help="list the runs and sweeps in the MLflow store")
+    runs.add_argument("--tracking-uri", default="",
+                      help="MLflow URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    runs.add_argument("--experiment", default="", help="only this MLflow experiment")
+    runs.add_argument("--limit", type=int, default=50, help="the newest N runs (default 50)")
+    runs.set_defaults(func=_runs)
 
     data = sub.add_parser("data", help="build a dataset").add_subparsers(dest="task", required=True)
     s = data.add_parser("sudoku", help="generate n x n Sudoku or convert a Sudoku-Extreme CSV")
@@ -302,6 +327,7 @@ def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
                        help="Optuna database URL (default: sqlite in the sweep folder)")
     sweep.add_argument("--dir", default="sweeps", help="folder holding sweeps (default ./sweeps)")
     _scale_up_option(sweep)
+    _verbose_option(sweep)
     sweep.set_defaults(func=_sweep)
 
     best = sub.add_parser("best", help="print and export the best config of a sweep")
@@ -318,6 +344,7 @@ def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
     fin.add_argument("--model-name", default="", help="registered model (default urm-ray-<sweep>)")
     fin.add_argument("--dir", default="sweeps")
     _scale_up_option(fin)
+    _verbose_option(fin)
     fin.set_defaults(func=_final)
 
 
@@ -325,6 +352,12 @@ def _scale_up_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale-up", type=float, default=0.0, metavar="SECONDS",
                         help="on an autoscaling cluster: ask for the nodes this run needs and wait "
                              "up to SECONDS for them (default 0: use the cluster as it is)")
+
+
+def _verbose_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show the output of Ray (its workers, actors and warnings) and "
+                             "MLflow's INFO messages; by default they go to Ray's log files only")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -341,7 +374,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    if not getattr(args, "verbose", False):
+        # read by MLflow when it is first imported (the commands import it lazily), and by the
+        # Ray workers this process starts
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     func: Callable[[argparse.Namespace], None] = args.func
     try:
         func(args)

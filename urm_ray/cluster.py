@@ -1,4 +1,8 @@
-"""Growing an autoscaling cluster before a run is planned against it.
+"""Which Ray cluster a command runs on, and growing an autoscaling cluster before a run is planned
+against it.
+
+``init_ray`` joins the cluster named by ``$RAY_ADDRESS`` or starts a private local instance (never
+one that another user started with ``ray start`` on the same machine), quiet unless ``verbose``.
 
 On a cluster from ``cluster/gpu.yaml`` the GPU node types start at zero nodes, so a sweep or a
 training run that sized itself from ``ray.cluster_resources()`` would find no GPU and stop. With
@@ -11,15 +15,47 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 
 import ray
+import ray.data  # noqa: F401  (configures the ray.data logger, which init_ray then sets)
 
 from urm_ray.errors import ConfigError
 
 Bundle = dict[str, float]
 log = logging.getLogger(__name__)
+
+
+def init_ray(num_cpus: int | None = None, verbose: bool = False) -> None:
+    """Join the cluster named by $RAY_ADDRESS, or start a private local Ray instance.
+
+    The local instance's dashboard gets a fixed port, and every Ray process inherits
+    RAY_API_SERVER_ADDRESS pointing at it. Train V2's placement-group cleaner (which frees the
+    workers of a run, or of a trial Tune stopped) queries the State API without an address; with
+    several Ray instances on one machine it cannot tell which is its own, prints a traceback and
+    gives up, and a stopped trial's CPUs stay reserved until the sweep deadlocks.
+
+    Quiet (``verbose=False``): the output of Ray's workers and actors stays in Ray's log files
+    (``/tmp/ray/session_latest/logs``) instead of reaching this terminal, and the driver's
+    ``ray`` loggers show errors only (Ray Data's too: it runs in this process for ``urm-ray eval``,
+    and sets its own level when imported).
+    """
+    if not verbose:
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
+    quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
+    if os.environ.get("RAY_ADDRESS"):
+        log.info("joining Ray at %s", os.environ["RAY_ADDRESS"])
+        ray.init(**quiet)
+        return
+    log.info("starting Ray (a private local instance)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    ray.init(address="local", num_cpus=num_cpus, dashboard_port=port, **quiet)
 
 
 def holds(cluster: dict[str, float], bundles: list[Bundle]) -> bool:

@@ -24,6 +24,10 @@ RUN_NAME_TAG = "urm_ray.run_name"
 PARENT_TAG = "mlflow.parentRunId"
 FATE_TAG = "urm_ray.fate"  # completed, pruned, failed
 REASON_TAG = "urm_ray.fate_reason"
+KIND_TAG = "urm_ray.kind"  # sweep, trial, final (none: a run of `urm-ray train`)
+SWEEP_TAG = "urm_ray.sweep"
+TRIAL_TAG = "urm_ray.trial"
+CHECKPOINT_TAG = "urm_ray.checkpoint"  # the final checkpoint (folder or URI) of a finished run
 _BATCH_LIMIT = 100  # MLflow accepts at most 100 params per log_batch call
 
 
@@ -180,6 +184,7 @@ class RunSummary:
     tags: dict[str, str]
     params: dict[str, str]
     metrics: dict[str, float]  # latest value of each metric
+    experiment: str = ""
 
 
 def find_run_id(tracking_uri: str, experiment: str, run_name: str) -> str | None:
@@ -211,6 +216,24 @@ def child_runs(tracking_uri: str, experiment: str, parent_run_id: str) -> list[R
     runs = client.search_runs([found.experiment_id], f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
                               max_results=10000, order_by=["attributes.start_time ASC"])
     return [run_summary(tracking_uri, r.info.run_id) for r in runs]
+
+
+def search_runs(tracking_uri: str, experiment: str = "", max_results: int = 1000) -> list[RunSummary]:
+    """The runs of ``experiment`` (of every experiment when empty), newest first."""
+    client = MlflowClient(tracking_uri)
+    names = {e.experiment_id: e.name for e in client.search_experiments()}
+    ids = [i for i, name in names.items() if not experiment or name == experiment]
+    if not ids:
+        return []
+    runs = client.search_runs(ids, max_results=max_results, order_by=["attributes.start_time DESC"])
+    return [RunSummary(r.info.run_id, r.info.run_name, r.info.status, dict(r.data.tags),
+                       dict(r.data.params), dict(r.data.metrics), names[r.info.experiment_id])
+            for r in runs]
+
+
+def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) of every logged value of ``key``, in logging order."""
+    return [(m.step, m.value) for m in MlflowClient(tracking_uri).get_metric_history(run_id, key)]
 
 
 def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:

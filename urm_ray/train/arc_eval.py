@@ -28,6 +28,7 @@ from urm_ray.data import arc_augment, store
 from urm_ray.data.config import DataConfig
 from urm_ray.data.tasks import arc
 from urm_ray.errors import ConfigError
+from urm_ray.progress import Progress
 
 PASS_KS = (1, 2, 10, 100, 1000)
 
@@ -141,12 +142,13 @@ def _check(data_cfg: DataConfig, num_augmentations: int, pass_ks: Sequence[int])
 def evaluate_arc(model: nn.Module, data_cfg: DataConfig, split: str = "test",
                  num_augmentations: int = 0, batch_size: int = 256, halt_early: bool = False,
                  pass_ks: Sequence[int] = PASS_KS, max_pairs: int = 0,
-                 device: str | torch.device = "cpu") -> dict[str, object]:
+                 device: str | torch.device = "cpu", live: bool = False) -> dict[str, object]:
     """pass@k of `model` (eval mode) on the ARC split by augmentation voting.
 
     `num_augmentations` (0 = all of data.num_augmentations) versions per test pair. Returns
     {"metrics": {...}, "tasks": {name: {pass_at_k}}}; metrics are "arc/pass_at_k", "arc/tasks",
-    "arc/test_pairs", "arc/predictions", "arc/mean_segments", "arc/compute_saved"."""
+    "arc/test_pairs", "arc/predictions", "arc/mean_segments", "arc/compute_saved". Progress over
+    the predictions: a bar on stderr when ``live``, else a log line every few seconds."""
     slots = data_cfg.num_augmentations if data_cfg.augment else 1
     num_augmentations = num_augmentations or slots
     _check(data_cfg, num_augmentations, pass_ks)
@@ -155,6 +157,8 @@ def evaluate_arc(model: nn.Module, data_cfg: DataConfig, split: str = "test",
     if max_pairs:
         stored = {k: v[:max_pairs] for k, v in stored.items()}
     tally = _Tally(max_segments=int(getattr(model, "max_segments", 0)))
+    progress = Progress(f"eval {split}", len(stored["inputs"]) * num_augmentations,
+                        unit="predictions", every_s=5.0, live=live)
     for rows, aug in _rows(stored, num_augmentations, batch_size):
         ids = stored["puzzle_identifiers"][rows]
         inputs, _, model_ids = arc_augment.augment(
@@ -169,6 +173,8 @@ def evaluate_arc(model: nn.Module, data_cfg: DataConfig, split: str = "test",
         tally.rows += len(rows)
         tally.segments_run += segments * len(rows)
         tally.segments_q += float(taken.sum())
+        progress.update(tally.rows)
+    progress.finish()
     return _report(tally, stored, table, pass_ks, num_augmentations)
 
 

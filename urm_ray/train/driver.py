@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,13 +30,15 @@ import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from urm_ray import tracking
-from urm_ray.cluster import scaled_up
+from urm_ray.cluster import init_ray, scaled_up
 from urm_ray.config import RunConfig, dump_yaml, flatten
 from urm_ray.data import builtin, store, stream
 from urm_ray.data.store import DatasetMeta
 from urm_ray.errors import ConfigError, TrainingDiverged
+from urm_ray.progress import Progress
+from urm_ray.train.live import watching
 from urm_ray.train.loop import train_loop_per_worker
-from urm_ray.tracking import FATE_TAG, REASON_TAG
+from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, REASON_TAG
 from urm_ray.typed import to_dict
 
 logger = logging.getLogger(__name__)
@@ -124,9 +126,11 @@ def check_resources(cfg: RunConfig, gpu: bool) -> None:
 
 
 def build_trainer(
-    cfg: RunConfig, run_id: str | None, gpu: bool, callbacks: list[Any] | None = None
+    cfg: RunConfig, run_id: str | None, gpu: bool, callbacks: list[Any] | None = None,
+    inbox: Any = None,
 ) -> TorchTrainer:
-    """``callbacks``: Ray Train ``UserCallback``s, e.g. Tune's ``TuneReportCallback`` in a sweep."""
+    """``callbacks``: Ray Train ``UserCallback``s, e.g. Tune's ``TuneReportCallback`` in a sweep;
+    ``inbox``: where rank 0 sends its progress (``live.watching``), None: nowhere."""
     resources = {"CPU": cfg.train.cpus_per_worker, **cfg.train.worker_resources}
     if gpu:
         resources["GPU"] = cfg.train.gpus_per_worker
@@ -139,6 +143,7 @@ def build_trainer(
             "config": to_dict(cfg),
             "run_id": run_id or "",
             "tracking_uri": cfg.tracking.tracking_uri,
+            "progress": inbox,
         },
         torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(
@@ -162,21 +167,29 @@ def fit(
     callbacks: list[Any] | None = None,
     params: dict[str, Any] | None = None,
     scale_up_s: float = 0.0,
+    verbose: bool = False,
+    progress: Progress | None = None,
 ) -> FitResult:
     """Train (or resume) one run; returns its final metrics and checkpoint path.
 
     ``tags`` and ``params`` are added to the MLflow run (a sweep passes the parent run id and the
     sampled values); ``callbacks`` go to Ray Train's ``RunConfig``. ``scale_up_s`` > 0: first ask
     the autoscaler for the workers (GPUs unless ``train.device=cpu``) and wait that long for them.
+    Ray is started (or joined, with $RAY_ADDRESS) here unless the caller did; ``verbose`` shows
+    its output. ``progress``: shows the steps while training (None: nothing is shown, as in a
+    sweep's trials); the setup phases are logged at INFO.
     """
+    logger.info("reading data %s", cfg.data.path)  # a builtin: dataset is built on first use
     cfg = resolve(cfg)
     meta = stream.load_meta(cfg.data)  # a missing or malformed dataset fails here, before Ray starts
     stream.warn_unused(cfg.data, meta)
+    logger.info("data: %s", ", ".join(f"{name} {split.num_rows} rows"
+                                      for name, split in meta.splits.items()))
     check_storage(cfg.train.storage_path)
     if not ray.is_initialized():
-        ray.init()
+        init_ray(verbose=verbose)
     with scaled_up(worker_bundles(cfg), scale_up_s):
-        return _fit(cfg, meta, tags, callbacks, params)
+        return _fit(cfg, meta, tags, callbacks, params, progress)
 
 
 def worker_bundles(cfg: RunConfig) -> list[dict[str, float]]:
@@ -187,15 +200,18 @@ def worker_bundles(cfg: RunConfig) -> list[dict[str, float]]:
 
 
 def _fit(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None,
-         callbacks: list[Any] | None, params: dict[str, Any] | None) -> FitResult:
+         callbacks: list[Any] | None, params: dict[str, Any] | None,
+         progress: Progress | None) -> FitResult:
     gpu = use_gpu(cfg)
     if not gpu:
         cfg.train.warn_unused_on_cpu()
     check_resources(cfg, gpu)
     run_id = open_mlflow_run(cfg, meta, tags, params)
+    logger.info("starting %d Ray Train worker(s) (%s) for run %s", cfg.train.num_workers,
+                "GPU" if gpu else "CPU", cfg.train.run_name)
     try:
-        with _noting_sigint() as interrupted:
-            result = build_trainer(cfg, run_id, gpu, callbacks).fit()
+        with _noting_sigint() as interrupted, _watched(progress) as inbox:
+            result = build_trainer(cfg, run_id, gpu, callbacks, inbox).fit()
     except BaseException as err:
         diverged = _record_failure(cfg, run_id, err, interrupted())
         if diverged is not None:  # the reason in one line, not Ray's worker traceback
@@ -205,6 +221,11 @@ def _fit(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None,
     if run_id:
         _finish_mlflow(cfg, run_id, result.checkpoint)
     return FitResult(cfg.train.run_name, dict(result.metrics or {}), ckpt_path, run_id)
+
+
+def _watched(progress: Progress | None) -> Any:
+    """``live.watching(progress)``, or no inbox at all when nobody watches."""
+    return nullcontext(None) if progress is None else watching(progress)
 
 
 def _record_failure(cfg: RunConfig, run_id: str | None, err: BaseException,
@@ -279,6 +300,7 @@ def open_mlflow_run(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | No
     uri = cfg.tracking.tracking_uri
     run_id = tracking.open_run(uri, cfg.tracking.experiment, cfg.train.run_name,
                                {**flatten(cfg), **(params or {})}, tags)
+    logger.info("MLflow run %s in experiment %r (%s)", run_id, cfg.tracking.experiment, uri)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "config.yaml"
         path.write_text(dump_yaml(cfg))
@@ -292,7 +314,11 @@ def open_mlflow_run(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | No
 
 
 def _finish_mlflow(cfg: RunConfig, run_id: str, ckpt: ray.train.Checkpoint | None) -> None:
+    if ckpt is not None:
+        tracking.MlflowTracker(cfg.tracking.tracking_uri, run_id).set_tags(
+            {CHECKPOINT_TAG: checkpoint_uri(ckpt)})  # for `urm-ray runs`
     if ckpt is not None and cfg.tracking.log_checkpoint:
+        logger.info("uploading the checkpoint to MLflow")
         with ckpt.as_directory() as folder:
             tracking.log_artifact(cfg.tracking.tracking_uri, run_id, folder, "checkpoint")
     tracking.close_run(cfg.tracking.tracking_uri, run_id, "FINISHED")

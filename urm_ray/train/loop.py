@@ -33,14 +33,18 @@ from urm_ray.train import checkpoint
 from urm_ray.train.checkpoint import Position
 from urm_ray.train.compiled import compile_enabled, compile_model, compiled_loss
 from urm_ray.train.evaluate import held_out_metrics
+from urm_ray.train.live import Sender
 from urm_ray.typed import to_dict
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
-    """Entry point for each Ray Train worker. ``loop_config``: config dict, MLflow run id/URI."""
+    """Entry point for each Ray Train worker. ``loop_config``: config dict, MLflow run id/URI,
+    the driver's progress inbox (None: nobody watches)."""
     cfg = build_config(loop_config["config"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    progress = Sender(loop_config["progress"] if rank == 0 else None)
+    progress.phase(f"building the model ({cfg.model.name}) on {world} worker(s)")
     torch.set_num_threads(_threads(cfg))
     torch.manual_seed(cfg.train.seed)  # identical init on every rank (DDP also broadcasts)
     meta = stream.load_meta(cfg.data)
@@ -56,11 +60,14 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     ema = EMA(model, cfg.optim.ema_decay) if cfg.optim.ema else None
     optimizers = build_optimizers(model, cfg.optim)
     position, carry = _maybe_restore(model, ema, optimizers, rank, cfg.train.seed)
+    if position.step:
+        progress.phase(f"restored step {position.step} from the latest checkpoint")
     tracker = make_tracker(loop_config["tracking_uri"], loop_config["run_id"], rank == 0)
     trainer = Trainer(cfg, model, wrapped, ema, optimizers, tracker, device, rank, world, meta.seq_len)
     if getattr(cfg.model, "halt_target", "label") == "verifier":
         trainer.verifier = verifier_for(meta.task, meta.seq_len)
     trainer.eval_verifier = optional_verifier(meta.task, meta.seq_len)
+    trainer.progress = progress
     trainer.run(position, None if carry is None else carry.to(device))
 
 
@@ -118,6 +125,7 @@ class Trainer:
         # judges held-out answers: eval/valid_accuracy and, with train.eval_samples > 0, the
         # sampled answers' validity and coverage (None = "equals the label")
         self.eval_verifier: Verifier | None = None
+        self.progress = Sender()  # rank 0 of a watched run: sends its steps to the driver
 
     def run(self, position: Position, carry: Any = None) -> None:
         """Train from ``position`` (and the restored ACT ``carry``, if any) to ``train.steps``."""
@@ -126,12 +134,14 @@ class Trainer:
         first_nonfinite = torch.full((), -1, device=self.device)
         sums: dict[str, torch.Tensor] = {}
         window_start, window_steps = time.perf_counter(), 0
+        self.progress.start(position.step)
         while position.step < cfg.steps:
             batch = next(batches)
             lr = apply_scheduled_lr(self.optimizers, self.cfg.optim, position.step, cfg.steps)
             carry, metrics = self._step(carry, batch)
             position.step += 1
             window_steps += 1
+            self.progress.step(position.step)
             first_nonfinite = _first_nonfinite(first_nonfinite, metrics.pop("nonfinite"), position.step)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0) + value
@@ -259,10 +269,12 @@ class Trainer:
         cfg = self.cfg.train
         done = position.step == cfg.steps
         if _every(cfg.eval_every, position.step) or done:
+            self.progress.phase(f"evaluating at step {position.step}")
             self.last_eval = self._evaluate()
             metrics.update(self.last_eval)
         self.tracker.log(metrics, position.step)
         metrics = {**self.last_eval, **metrics, "step": position.step, "epoch": position.epoch}
+        self.progress.report(position.step, metrics)
         save = _every(cfg.checkpoint_every, position.step) or done
         if not save:
             ray.train.report(metrics)

@@ -16,9 +16,11 @@ import torch
 
 from urm_ray.config import RunConfig, build_config
 from urm_ray.data import stream
+from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks.verify import optional_verifier
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.optim import EMA
+from urm_ray.progress import Progress
 from urm_ray.train import checkpoint
 from urm_ray.train.arc_eval import PASS_KS, evaluate_arc
 from urm_ray.train.evaluate import held_out_metrics
@@ -54,24 +56,40 @@ def _load(folder: str | Path) -> tuple[RunConfig, torch.nn.Module, int]:
     return cfg, model.eval(), int(state.get("position", {}).get("step", 0))
 
 
-def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0) -> dict[str, Any]:
-    """Exact/token accuracy and segments of a checkpoint on a split of its dataset."""
+def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0,
+                        live: bool = False) -> dict[str, Any]:
+    """Exact/token accuracy and segments of a checkpoint on a split of its dataset.
+
+    Progress over the rows: a bar on stderr when ``live``, else a log line every few seconds."""
     cfg, model = load_checkpoint(folder)
     data_cfg = replace(cfg.data, eval_split=split or cfg.data.eval_split)
     dataset = stream.eval_dataset(data_cfg)
     if max_rows:
         dataset = dataset.limit(max_rows)
     meta = stream.load_meta(cfg.data)
+    rows = _split_rows(meta, data_cfg.eval_split, max_rows)
+    passes = 2 if cfg.train.eval_samples else 1  # the sampled answers take a second pass
+    progress = Progress(f"eval {data_cfg.eval_split}", rows * passes, unit="rows", every_s=5.0,
+                        live=live)
 
     def batches() -> Iterator[dict[str, torch.Tensor]]:
-        return stream.iter_torch_batches(
+        for batch in stream.iter_torch_batches(
             dataset, cfg.train.eval_batch_size, epoch=0, seed=0, shuffle=False, drop_last=False,
             buffer_rows=0,
-        )
+        ):
+            progress.update(progress.done + len(batch["inputs"]))
+            yield batch
 
     metrics = held_out_metrics(model, batches, cfg.train.eval_samples,
                                optional_verifier(meta.task, meta.seq_len))
+    progress.finish()
     return {"split": data_cfg.eval_split, **metrics}
+
+
+def _split_rows(meta: DatasetMeta, split: str, max_rows: int) -> int:
+    """Rows of ``split`` (at most ``max_rows`` when > 0); 0 when the metadata has no such split."""
+    rows = meta.splits[split].num_rows if split in meta.splits else 0
+    return min(rows, max_rows) if max_rows else rows
 
 
 def is_arc(folder: str | Path) -> bool:
@@ -82,13 +100,14 @@ def is_arc(folder: str | Path) -> bool:
 
 def evaluate_arc_checkpoint(folder: str | Path, split: str = "", num_augmentations: int = 0,
                             halt_early: bool = False, pass_ks: Sequence[int] = PASS_KS,
-                            max_pairs: int = 0, batch_size: int = 0) -> dict[str, Any]:
+                            max_pairs: int = 0, batch_size: int = 0,
+                            live: bool = False) -> dict[str, Any]:
     """ARC pass@k by augmentation voting; {"split", "metrics", "tasks"} (see ``evaluate_arc``)."""
     cfg, model, step = _load(folder)
     split = split or cfg.data.eval_split
     report = evaluate_arc(model, cfg.data, split, num_augmentations=num_augmentations,
                           batch_size=batch_size or cfg.train.eval_batch_size,
-                          halt_early=halt_early, pass_ks=pass_ks, max_pairs=max_pairs)
+                          halt_early=halt_early, pass_ks=pass_ks, max_pairs=max_pairs, live=live)
     return {"split": split, "step": step, **report}
 
 

@@ -24,14 +24,14 @@ from optuna.trial import FrozenTrial
 from ray import tune
 
 from urm_ray import tracking
-from urm_ray.cluster import scaled_up
+from urm_ray.cluster import init_ray, scaled_up
 from urm_ray.config import RunConfig, apply_overrides, build_config, dump_yaml
 from urm_ray.errors import ConfigError
+from urm_ray.tracking import KIND_TAG, SWEEP_TAG, TRIAL_TAG
 from urm_ray.tune.resources import trial_bundles, without_resources
 from urm_ray.tune.report import BEST_FILE, best_config, ranked
 from urm_ray.tune.space import SearchSpace, with_values
-from urm_ray.tune.sweep import DEFAULT_ROOT, SweepInfo, init_ray, load_sweep
-from urm_ray.tune.trial import KIND_TAG, SWEEP_TAG, TRIAL_TAG
+from urm_ray.tune.sweep import DEFAULT_ROOT, SweepInfo, load_sweep
 from urm_ray.typed import to_dict
 
 
@@ -64,16 +64,17 @@ def export_best(name: str, root: str = DEFAULT_ROOT, out: str = "") -> tuple[Fro
 
 def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
           overrides: list[str] | None = None, model_name: str = "",
-          scale_up_s: float = 0.0) -> FinalOutcome:
+          scale_up_s: float = 0.0, verbose: bool = False) -> FinalOutcome:
     """Re-evaluate the top configs over seeds, train the winner at full length, register it.
 
     ``scale_up_s`` > 0: ask the autoscaler for the nodes of each stage and wait that long.
+    ``verbose``: show Ray's output.
     """
     info, space = load_sweep(name, root)
     candidates = top_trials(info, space, top or space.spec.final.top)
     seeds = seeds or space.spec.final.seeds
     if not ray.is_initialized():
-        init_ray()
+        init_ray(verbose=verbose)
     parent = tracking.open_run(
         info.tracking_uri, info.experiment, f"{name}-final",
         {"top": len(candidates), "seeds": seeds, "overrides": " ".join(overrides or [])},

@@ -14,10 +14,8 @@ from ray.tune import Callback
 from ray.tune.experiment import Trial
 
 from urm_ray import tracking
-from urm_ray.tracking import FATE_TAG, REASON_TAG
-from urm_ray.tune.trial import (
-    KIND_TAG, STEP_TAG, SWEEP_TAG, TRIAL_TAG, TrialContext, split_config, trial_run_name,
-)
+from urm_ray.tracking import FATE_TAG, KIND_TAG, REASON_TAG, SWEEP_TAG, TRIAL_TAG
+from urm_ray.tune.trial import STEP_TAG, TrialContext, split_config, trial_run_name
 
 STATUS = {"completed": "FINISHED", "pruned": "KILLED", "failed": "FAILED"}
 _REASON_CHARS = 1000

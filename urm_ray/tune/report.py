@@ -21,12 +21,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from urm_ray import tracking
 from urm_ray.config import RunConfig, dump_yaml
+from urm_ray.tracking import TRIAL_TAG
 from urm_ray.tune.expr import Expr
 from urm_ray.tune.params import Param
 from urm_ray.tune.resources import without_resources
 from urm_ray.tune.search import FATE_ATTR
 from urm_ray.tune.space import SearchSpace
-from urm_ray.tune.trial import TRIAL_TAG
 
 if TYPE_CHECKING:
     from urm_ray.tune.sweep import SweepInfo

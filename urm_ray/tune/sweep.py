@@ -18,9 +18,6 @@ its last save) are taken over by the next suggestions (see ``search.py``).
 from __future__ import annotations
 
 import json
-import os
-import socket
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -34,16 +31,17 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
 
 from urm_ray import tracking
-from urm_ray.cluster import scaled_up
+from urm_ray.cluster import init_ray, scaled_up
 from urm_ray.data import builtin, stream
 from urm_ray.errors import ConfigError
+from urm_ray.tracking import KIND_TAG, SWEEP_TAG
 from urm_ray.tune import report
 from urm_ray.tune.fate import FateRecorder
 from urm_ray.tune.resources import Plan, plan, trial_bundles
 from urm_ray.tune.search import TRIAL_KEY, SweepSearch, make_sampler
 from urm_ray.tune.space import SearchSpace, find_space, load_space
 from urm_ray.tune.table import TrialTable
-from urm_ray.tune.trial import KIND_TAG, SWEEP_TAG, TrialContext, run_trial
+from urm_ray.tune.trial import TrialContext, run_trial
 from urm_ray.typed import to_dict
 
 DEFAULT_ROOT = "sweeps"
@@ -152,16 +150,18 @@ def load_sweep(name: str, root: str = DEFAULT_ROOT) -> tuple[SweepInfo, SearchSp
 
 
 def run_sweep(info: SweepInfo, space: SearchSpace, resume: bool = False,
-              callbacks: list[tune.Callback] | None = None, scale_up_s: float = 0.0) -> SweepOutcome:
+              callbacks: list[tune.Callback] | None = None, scale_up_s: float = 0.0,
+              verbose: bool = False) -> SweepOutcome:
     """Run (or continue) the sweep to its number of trials, then write its report.
 
     ``callbacks``: extra Tune callbacks for a new sweep (a resumed one keeps its saved ones).
     ``scale_up_s`` > 0: first ask the autoscaler for ``concurrency`` trials (all of them when
-    ``concurrency`` is 0) and wait that long for the nodes.
+    ``concurrency`` is 0) and wait that long for the nodes. ``verbose``: show the output of Ray and
+    of the trials' workers (else only the trial table).
     """
     data_path = prepare_data(space)
     if not ray.is_initialized():
-        init_ray(log_to_driver=not sys.stdout.isatty())  # on a terminal the table owns the screen
+        init_ray(verbose=verbose)
     wanted = space.spec.concurrency or space.spec.trials
     with scaled_up(trial_bundles(space.spec.resources, wanted), scale_up_s):
         return _run(info, space, resume, callbacks, data_path)
@@ -179,25 +179,6 @@ def _run(info: SweepInfo, space: SearchSpace, resume: bool, callbacks: list[tune
                        info.parent_run_id)
     _tuner(info, space, the_plan, ctx, resume, callbacks or []).fit()
     return finish(info, space)
-
-
-def init_ray(num_cpus: int | None = None, **kwargs: Any) -> None:
-    """Join the cluster named by $RAY_ADDRESS, or start a private local Ray instance.
-
-    The local instance's dashboard gets a fixed port, and every Ray process inherits
-    RAY_API_SERVER_ADDRESS pointing at it. Train V2's placement-group cleaner (which frees the
-    workers of a trial Tune stopped) queries the State API without an address; with several Ray
-    instances on one machine it cannot tell which is its own, gives up, and the stopped trial's
-    CPUs stay reserved until the sweep deadlocks.
-    """
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(**kwargs)
-        return
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
-    ray.init(address="local", num_cpus=num_cpus, dashboard_port=port, **kwargs)
 
 
 def finish(info: SweepInfo, space: SearchSpace) -> SweepOutcome:
@@ -286,6 +267,7 @@ def _tuner(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContex
             # a failed trial restarts; its Ray Train run resumes from its latest checkpoint
             failure_config=tune.FailureConfig(max_failures=space.retries),
             callbacks=[FateRecorder(ctx, space.spec.scheduler.name),
-                       TrialTable(space.metric, space.mode, space.steps), *callbacks],
+                       TrialTable(space.metric, space.mode, space.steps, space.spec.trials),
+                       *callbacks],
         ),
     )

@@ -1,5 +1,6 @@
-"""The live table of trials printed while a sweep runs.
+"""The live table of trials printed while a sweep runs, under a line with the sweep's progress.
 
+    sweep: 2/8 trials finished, 1 running; best eval/exact_accuracy 0.8120 (t000)
     trial  state      step  eval/exact_accuracy  best    loops  truncation  lr
     t000   completed  400   0.8120               0.8120  4      1           0.00131
     t003   pruned     100   0.2030               0.2030  2      0           0.00042
@@ -18,6 +19,7 @@ from typing import Any, TextIO
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
+from urm_ray.table import render, short
 from urm_ray.tune.fate import trial_fate
 from urm_ray.tune.trial import split_config
 
@@ -26,24 +28,12 @@ STATES = {Trial.PENDING: "pending", Trial.RUNNING: "running", Trial.PAUSED: "pau
           Trial.ERROR: "failed"}
 
 
-def render(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip()
-             for row in [header, *rows]]
-    return "\n".join(lines)
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
 class TrialTable(Callback):
     """Tune callback that draws the table; ``metric`` is the sweep's primary objective."""
 
-    def __init__(self, metric: str, mode: str, full_steps: int, out: TextIO | None = None) -> None:
-        self.metric, self.mode, self.full_steps = metric, mode, full_steps
+    def __init__(self, metric: str, mode: str, full_steps: int, requested: int,
+                 out: TextIO | None = None) -> None:
+        self.metric, self.mode, self.full_steps, self.requested = metric, mode, full_steps, requested
         self._out = out  # None = sys.stdout, looked up when drawing
         self.best: dict[str, float] = {}
         self.fates: dict[str, str] = {}  # trial id -> fate, once Tune has finished the trial
@@ -87,13 +77,24 @@ class TrialTable(Callback):
         self.draw(trials)
 
     def draw(self, trials: list[Trial]) -> None:
-        text = self.table(trials)
+        text = f"{self.summary(trials)}\n{self.table(trials)}"
         if self._live() and self._drawn_lines:
             self.out.write(f"\x1b[{self._drawn_lines}F\x1b[J")  # back to the old table, clear it
         self.out.write(text + "\n")
         self.out.flush()
         self._drawn_lines = text.count("\n") + 1
         self._last_draw = time.monotonic()
+
+    def summary(self, trials: list[Trial]) -> str:
+        """Trials finished out of those requested, how many run, and the best value so far."""
+        running = sum(t.status == Trial.RUNNING and t.trial_id not in self.fates for t in trials)
+        line = f"sweep: {len(self.fates)}/{self.requested} trials finished, {running} running"
+        if not self.best:
+            return line
+        pick = max if self.mode == "max" else min
+        best_id = pick(self.best, key=self.best.__getitem__)
+        names = {t.trial_id: f"t{split_config(t.config)[0]:03d}" for t in trials}
+        return f"{line}; best {self.metric} {short(self.best[best_id])} ({names.get(best_id, '?')})"
 
     def table(self, trials: list[Trial]) -> str:
         keys = sorted({k for t in trials for k in split_config(t.config)[1]})
@@ -102,9 +103,9 @@ class TrialTable(Callback):
         for trial in sorted(trials, key=lambda t: split_config(t.config)[0]):
             number, values = split_config(trial.config)
             last = trial.last_result or {}
-            rows.append([f"t{number:03d}", self._state(trial), _short(last.get("step", "")),
-                         _short(last.get(self.metric, "")), _short(self.best.get(trial.trial_id, "")),
-                         *(_short(values.get(k, "")) for k in keys)])
+            rows.append([f"t{number:03d}", self._state(trial), short(last.get("step", "")),
+                         short(last.get(self.metric, "")), short(self.best.get(trial.trial_id, "")),
+                         *(short(values.get(k, "")) for k in keys)])
         return render(rows, header)
 
     def _state(self, trial: Trial) -> str:

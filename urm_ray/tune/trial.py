@@ -15,14 +15,11 @@ import ray.tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from urm_ray import tracking
-from urm_ray.tracking import FATE_TAG, REASON_TAG
+from urm_ray.tracking import FATE_TAG, KIND_TAG, REASON_TAG, SWEEP_TAG, TRIAL_TAG
 from urm_ray.tune.search import TRIAL_KEY
 from urm_ray.tune.space import SearchSpace
 
 STEP_TAG = "urm_ray.fate_step"  # the training step the trial stopped at
-SWEEP_TAG = "urm_ray.sweep"
-TRIAL_TAG = "urm_ray.trial"
-KIND_TAG = "urm_ray.kind"  # sweep, trial, final
 
 
 @dataclass(frozen=True)

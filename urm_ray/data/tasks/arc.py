@@ -21,6 +21,7 @@ numbers went to which split, and its symmetries (used to skip augmentations equa
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -30,9 +31,11 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from urm_ray.data.progress import Progress, logger
 from urm_ray.data.store import DatasetMeta, write_dataset
 from urm_ray.errors import ConfigError, DataError
+from urm_ray.progress import Progress
+
+logger = logging.getLogger("urm_ray.data")
 
 SIDE = 30  # canvas side; grids are at most 30x30
 SEQ_LEN = SIDE * SIDE
@@ -320,7 +323,7 @@ def _read_tasks(source: Path, subsets: list[str], test_set: str, prefix: str,
     by_subset: dict[str, list[Task]] = {}
     for subset in subsets:
         count, tasks = read_subset(source, subset, prefix)
-        progress = Progress(f"arc {subset}", count, progress_every_s)
+        progress = Progress(f"arc {subset}", count, unit="tasks", every_s=progress_every_s)
         by_subset[subset] = []
         for task in tasks:
             by_subset[subset].append(task)

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from urm_ray.data.progress import Progress
 from urm_ray.data.store import DatasetMeta, split_chunk_stream, write_dataset_chunks
 from urm_ray.errors import ConfigError, DataError
+from urm_ray.progress import Progress
 
 PAD_TOKEN, NO_EDGE_TOKEN, EDGE_TOKEN, BLANK_TOKEN, COLOR0_TOKEN = range(5)
 IGNORE_LABEL = -100
@@ -104,7 +104,8 @@ def generate_graphs(
     max_candidates = max_candidates or 100 * max(count, 1)
     seen: set[bytes] = set()
     drawn = kept = 0
-    progress = Progress(f"coloring n={n} k={colors} generate", count, progress_every_s)
+    progress = Progress(f"coloring n={n} k={colors} generate", count, unit="graphs",
+                        every_s=progress_every_s)
     while kept < count:
         if drawn >= max_candidates:
             raise DataError(

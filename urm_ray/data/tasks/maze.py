@@ -24,6 +24,7 @@ so they cannot meet the papers' hardness.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 from collections.abc import Iterator
@@ -32,10 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from urm_ray.data.progress import Progress, logger
 from urm_ray.data.store import DatasetMeta, split_chunk_stream, write_dataset, write_dataset_chunks
 from urm_ray.data.tasks.puzzle_csv import char_matrix, read_csv_table, where
 from urm_ray.errors import ConfigError, DataError
+from urm_ray.progress import Progress
+
+logger = logging.getLogger("urm_ray.data")
 
 PAD_TOKEN, WALL_TOKEN, OPEN_TOKEN, START_TOKEN, GOAL_TOKEN, PATH_TOKEN = range(6)
 VOCAB_SIZE = 6
@@ -249,7 +252,7 @@ def generate_mazes(
     max_candidates = max_candidates or 2000 * max(count, 1)
     seen: set[bytes] = set()
     drawn = kept = 0
-    progress = Progress(f"maze {n}x{n} generate", count, progress_every_s)
+    progress = Progress(f"maze {n}x{n} generate", count, unit="mazes", every_s=progress_every_s)
     while kept < count:
         if drawn >= max_candidates:
             raise DataError(

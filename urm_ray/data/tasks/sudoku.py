@@ -15,6 +15,7 @@ recorded in the metadata (`build.arguments.num_augmentations`) and the training 
 for it (`data.num_augmentations: 1001`); the stream warns when they differ.
 """
 
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -23,11 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from urm_ray.data.progress import Progress, logger
 from urm_ray.data.store import DatasetMeta, write_dataset, write_dataset_chunks
 from urm_ray.data.tasks.puzzle_csv import char_matrix, iter_csv_tables, where
 from urm_ray.data.tasks.sudoku_solver import geometry, make_puzzle, random_solution
 from urm_ray.errors import ConfigError, DataError
+from urm_ray.progress import Progress
+
+logger = logging.getLogger("urm_ray.data")
 
 BLANK_TOKEN = 1
 _CHUNK = 65536  # rows per vectorised step, to bound temporary memory
@@ -95,7 +98,7 @@ def generate_puzzles(
     rng = np.random.default_rng(seed)
     seen: set[bytes] = set()
     questions, solutions, failures = [], [], 0
-    progress = Progress(f"sudoku {n}x{n} generate", count, progress_every_s)
+    progress = Progress(f"sudoku {n}x{n} generate", count, unit="puzzles", every_s=progress_every_s)
     while len(questions) < count:
         solution = random_solution(n, rng)
         puzzle = make_puzzle(solution, n, blanks, rng)
@@ -265,7 +268,7 @@ def _scan_keys(path: str | os.PathLike, n: int) -> np.ndarray:
     """Pass 1 over a CSV: validates every row and returns the puzzles' hashed keys [N]."""
     start = time.monotonic()
     keys = [np.zeros(0, np.dtype((np.void, 16)))]
-    progress = Progress(f"{path} validate", 0)
+    progress = Progress(f"{path} validate", 0, unit="rows", every_s=5.0)
     for offset, questions, _ in iter_sudoku_csv(path, n, CSV_BLOCK_BYTES):
         keys.append(_hashed_keys(questions, n))
         progress.update(offset + len(questions))

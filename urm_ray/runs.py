@@ -1,0 +1,96 @@
+"""``urm-ray runs``: the runs and sweeps of an MLflow store, as the MLflow UI lists them.
+
+    experiment  run                  kind   state     step     best eval/exact_accuracy  checkpoint
+    sudoku4     urm-20261201-094713  train  FINISHED  100/100  0.4120                    runs/urm-.../checkpoint_...
+    sweep-qs    qs                   sweep  RUNNING   3/8      0.8120 (t002)
+    sweep-qs    qs-t002              trial  FINISHED  400/400  0.8120                    sweeps/qs/trials/...
+
+Step: the last logged training step out of ``train.steps`` (a sweep: trials finished out of
+requested). Best: the highest held-out exact accuracy the run logged (a sweep: its objective).
+Checkpoint: the final one of a finished run, else the latest one on local storage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from urm_ray import tracking
+from urm_ray.errors import ConfigError
+from urm_ray.table import render
+from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, KIND_TAG, TRIAL_TAG, RunSummary
+
+METRIC = "eval/exact_accuracy"
+STEP_KEY = "train/lr"  # logged at every report
+HEADER = ["experiment", "run", "kind", "state", "step", f"best {METRIC}", "checkpoint"]
+
+
+def _value(metric: float) -> str:
+    return f"{metric:.4f}"
+
+
+def kind(run: RunSummary) -> str:
+    if KIND_TAG in run.tags:
+        return run.tags[KIND_TAG]
+    return "eval" if "/eval-" in run.run_name else "train"
+
+
+def state(run: RunSummary) -> str:
+    """MLflow's status, with a trial's fate when that says more (pruned, failed)."""
+    fate = run.tags.get(FATE_TAG, "")
+    return f"{run.status} ({fate})" if fate in ("pruned", "failed") else run.status
+
+
+def checkpoint(run: RunSummary) -> str:
+    """The run's final checkpoint, else its latest local one; an evaluation: the one it scored."""
+    if CHECKPOINT_TAG in run.tags or "checkpoint" in run.params:
+        return run.tags.get(CHECKPOINT_TAG) or run.params["checkpoint"]
+    storage, name = run.params.get("train.storage_path", ""), run.params.get("train.run_name", "")
+    if not storage or not name or "://" in storage:
+        return ""
+    saved = sorted((Path(storage) / name).glob("checkpoint_2*"))  # checkpoint_<date>_<time>
+    return str(saved[-1]) if saved else ""
+
+
+def train_row(uri: str, run: RunSummary) -> list[str]:
+    steps = [step for step, _ in tracking.metric_history(uri, run.run_id, STEP_KEY)]
+    total = run.params.get("train.steps", "?")
+    values = [value for _, value in tracking.metric_history(uri, run.run_id, METRIC)]
+    return [run.experiment, run.run_name, kind(run), state(run),
+            f"{max(steps)}/{total}" if steps else "-", _value(max(values)) if values else "-",
+            checkpoint(run)]
+
+
+def sweep_row(run: RunSummary, trials: list[RunSummary]) -> list[str]:
+    """A sweep: trials finished of requested; its best objective value (the logged ``best/``
+    metric of a finished sweep, else the best of its trials so far)."""
+    metric, _, mode = run.params.get("objectives", METRIC).split(",")[0].partition(" (")
+    mode = mode.rstrip(")") or "max"
+    finished = sum(FATE_TAG in t.tags for t in trials)
+    best = run.metrics.get(f"best/{metric}")
+    scored = [t for t in trials if metric in t.metrics]
+    if best is None and scored:
+        pick = max if mode == "max" else min
+        top = pick(scored, key=lambda t: t.metrics[metric])
+        best_text = f"{_value(top.metrics[metric])} (t{int(top.tags.get(TRIAL_TAG, -1)):03d})"
+    else:
+        best_text = "-" if best is None else _value(best)
+    if metric != METRIC and best_text != "-":
+        best_text += f" {metric}"
+    return [run.experiment, run.run_name, "sweep", state(run),
+            f"{finished}/{run.params.get('trials', '?')}", best_text, ""]
+
+
+def list_runs(tracking_uri: str, experiment: str = "", limit: int = 50) -> str:
+    """The table of the ``limit`` newest runs (of ``experiment``, else of every experiment)."""
+    local = tracking_uri.removeprefix("sqlite:///")
+    if local != tracking_uri and not Path(local).is_file():  # opening it would create it
+        raise ConfigError(f"no MLflow store at {tracking_uri}; run `urm-ray runs` where you trained, "
+                          "or pass --tracking-uri (or set MLFLOW_TRACKING_URI)")
+    rows = []
+    for run in tracking.search_runs(tracking_uri, experiment, max_results=limit):
+        if kind(run) == "sweep":
+            trials = tracking.child_runs(tracking_uri, run.experiment, run.run_id)
+            rows.append(sweep_row(run, [t for t in trials if kind(t) == "trial"]))
+        else:
+            rows.append(train_row(tracking_uri, run))
+    return render(rows, HEADER)

@@ -10,6 +10,8 @@ from urm_ray.models.gram import GRAM, LOGVAR_MAX, LOGVAR_MIN, GRAMConfig
 from urm_ray.models.registry import TaskSpec, build_model, config_class
 from urm_ray.models.trm import TRMConfig
 
+from gradients import grads
+
 TASK = TaskSpec(vocab_size=10, seq_len=12, num_puzzle_identifiers=3)
 TINY = {"hidden_size": 32, "num_heads": 4, "num_layers": 1, "h_cycles": 3, "l_cycles": 2, "puzzle_emb_dim": 32,
         "puzzle_emb_len": 2, "max_segments": 3, "latent_dim": 8}
@@ -167,20 +169,20 @@ def test_kl_of_no_gradient_transitions_trains_only_the_heads(model_batch):
     """Charging every transition adds gradient to the guidance heads and the label embedding,
     and none to the core: the core's gradient is the same as with the last transition's KL only."""
     batch = model_batch(TASK)
-    grads = {}
+    by_mode = {}
     for transitions in ("all", "last"):
         torch.manual_seed(0)
         model = build_model(GRAMConfig(**{**TINY, "kl_transitions": transitions, "kl_coef": 1.0}), TASK).train()
         torch.manual_seed(1)  # the same noise draws in both
         _, outputs = model(model.initial_carry(batch), batch)
-        grads[transitions] = _grads(model, outputs["aux_loss"] + outputs["logits"].sum())
+        by_mode[transitions] = grads(model, outputs["aux_loss"] + outputs["logits"].sum())
     heads = ("prior_head.", "posterior_head.", "label_embed.")
-    for name, grad in grads["all"].items():
+    for name, grad in by_mode["all"].items():
         if name.startswith(heads):
-            assert not torch.allclose(grad, grads["last"][name]), name
+            assert not torch.allclose(grad, by_mode["last"][name]), name
         else:
-            torch.testing.assert_close(grad, grads["last"][name], rtol=1e-5, atol=1e-7, msg=name)
-    assert any(name.startswith("net.") for name in grads["all"])
+            torch.testing.assert_close(grad, by_mode["last"][name], rtol=1e-5, atol=1e-7, msg=name)
+    assert any(name.startswith("net.") for name in by_mode["all"])
 
 
 def _reference_loss(model: GRAM, batch: dict, probe: torch.Tensor) -> torch.Tensor:
@@ -199,12 +201,6 @@ def _reference_loss(model: GRAM, batch: dict, probe: torch.Tensor) -> torch.Tens
     return (logits * probe).sum() + model.q_head(z_H[:, 0]).sum() + model.config.kl_coef * kl.sum()
 
 
-def _grads(model, loss):
-    model.zero_grad()
-    loss.backward()
-    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-
-
 def test_gradients_only_through_the_last_transition(model_batch):
     torch.manual_seed(0)
     model = build_model(GRAMConfig(**{**TINY, **PAPER, "kl_coef": 0.1}), TASK).train()
@@ -213,9 +209,9 @@ def test_gradients_only_through_the_last_transition(model_batch):
     torch.manual_seed(1)  # same noise draws in both passes
     _, outputs = model(model.initial_carry(batch), batch)
     loss = (outputs["logits"] * probe).sum() + outputs["q_halt_logits"].sum() + outputs["q_continue_logits"].sum()
-    ours = _grads(model, loss + outputs["aux_loss"])
+    ours = grads(model, loss + outputs["aux_loss"])
     torch.manual_seed(1)
-    reference = _grads(model, _reference_loss(model, batch, probe))
+    reference = grads(model, _reference_loss(model, batch, probe))
     assert ours.keys() == reference.keys() and {"prior_head.down_proj.weight", "label_embed.weight"} <= ours.keys()
     for name in ours:
         torch.testing.assert_close(ours[name], reference[name], rtol=1e-4, atol=1e-6, msg=name)
@@ -299,6 +295,6 @@ def test_proposal_decode_trains_the_posterior_through_the_last_cycle(model_batch
     model = build_model(GRAMConfig(**{**TINY, "h_cycles": h_cycles, "decode_from": "proposal"}), TASK).train()
     batch = model_batch(TASK)
     _, outputs = model(model.initial_carry(batch), batch)
-    grads = _grads(model, outputs["logits"].square().sum())
-    assert ("posterior_head.down_proj.weight" in grads) == reaches
-    assert "net.layers.0.mlp.down_proj.weight" in grads
+    found = grads(model, outputs["logits"].square().sum())
+    assert ("posterior_head.down_proj.weight" in found) == reaches
+    assert "net.layers.0.mlp.down_proj.weight" in found

@@ -7,7 +7,13 @@ from urm_ray.data.tasks.nqueens import valid_queens_mask
 from urm_ray.models.gram import GRAMConfig
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.models.trm import TRMConfig
-from urm_ray.train.evaluate import evaluate_sampled, generate_unconditional, sample_answers, summarize_sampled
+from urm_ray.train.evaluate import (
+    SAMPLED_METRICS,
+    evaluate_sampled,
+    generate_unconditional,
+    sample_answers,
+    summarize,
+)
 from urm_ray.train.voting import coverage, majority_vote
 
 A, B, C = [1, 1], [2, 2], [3, 3]  # three answers of L = 2 tokens
@@ -84,7 +90,7 @@ def test_sampled_evaluation_of_gram_counts_distinct_answers():
     assert torch.equal(seen_inputs[0], batch["inputs"].repeat(6, 1))
     assert torch.equal(seen_inputs[1], batch["inputs"])
     assert 2 < sums["coverage"] <= 12  # the untrained prior's noise spreads the samples
-    metrics = summarize_sampled(sums)
+    metrics = summarize(sums, SAMPLED_METRICS)
     assert metrics["eval/coverage"] == float(sums["coverage"]) / 2 and metrics["eval/vote_valid"] == 1.0
 
 

@@ -9,6 +9,7 @@ wrong types and impossible combinations raise ``ConfigError`` before any work st
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass, field
 from importlib import resources
@@ -156,22 +157,36 @@ def read_yaml(source: str) -> dict[str, Any]:
     return data
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.sub=value`` strings (values parsed as YAML scalars) to a nested dict copy."""
-    out = yaml.safe_load(yaml.safe_dump(data))
+def parse_overrides(overrides: list[str], example: str = "model.loops=8") -> dict[str, Any]:
+    """``key.sub=value`` strings -> {dotted key: value parsed as a YAML scalar}, in order."""
+    out: dict[str, Any] = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"override {item!r}: expected key=value, e.g. model.loops=8")
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
-            node = child
-        node[leaf] = yaml.safe_load(raw) if raw else ""
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. {example}")
+        out[key] = yaml.safe_load(raw) if raw else ""
     return out
+
+
+def with_values(data: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a nested dict with dotted ``values`` set, keeping key order (params are ordered)."""
+    out = copy.deepcopy(data)
+    for key, value in values.items():
+        if isinstance(value, dict):
+            raise ConfigError(f"{key}: give dotted keys (train.steps: 600), not a nested section")
+        node = out
+        *parents, leaf = str(key).split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: {part!r} is a value, not a section")
+        node[leaf] = value
+    return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` strings (values parsed as YAML scalars) to a nested dict copy."""
+    return with_values(data, parse_overrides(overrides))
 
 
 def build_config(data: dict[str, Any]) -> RunConfig:

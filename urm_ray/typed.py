@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import types
-import typing
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from urm_ray.errors import ConfigError
@@ -107,16 +106,3 @@ def _convert_scalar(tp: Any, value: Any, key: str) -> Any:
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
-
-
-def field_type(cls: type, dotted: str) -> Any:
-    """The annotation of a dotted path inside a dataclass tree, or ConfigError if it is unknown."""
-    tp: Any = cls
-    for part in dotted.split("."):
-        if not dataclasses.is_dataclass(tp):
-            raise ConfigError(f"unknown key {dotted}: {part!r} is not a section")
-        hints = typing.get_type_hints(tp)
-        if part not in hints:
-            raise ConfigError(f"unknown key {dotted}; valid keys here: {', '.join(sorted(hints))}")
-        tp = hints[part]
-    return tp

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +39,8 @@ from urm_ray.losses import IGNORE_LABEL_ID, gaussian_kl
 from urm_ray.models.act import State
 from urm_ray.models.layers import Rope, ffn_width, lecun_linear, trunc_normal_
 from urm_ray.models.recurrent import require
+from urm_ray.models.task import TaskSpec
 from urm_ray.models.trm import TRM, TRMConfig
-
-if TYPE_CHECKING:
-    from urm_ray.models.registry import TaskSpec
 
 # Predicted log-variances are clamped to this range: the KL divides by exp(logvar_prior), so an
 # unbounded prior variance collapse would blow it up (std range ~0.02 .. ~7.4).

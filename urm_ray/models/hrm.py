@@ -14,7 +14,7 @@ Q-halt > Q-continue and trains Q-continue on a bootstrapped target (``q_continue
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -22,9 +22,7 @@ from torch import Tensor
 from urm_ray.models.act import State
 from urm_ray.models.layers import Rope
 from urm_ray.models.recurrent import RecurrentConfig, RecurrentModel, require
-
-if TYPE_CHECKING:
-    from urm_ray.models.registry import TaskSpec
+from urm_ray.models.task import TaskSpec
 
 
 @dataclass

@@ -21,7 +21,8 @@ from torch import Tensor
 from urm_ray.errors import ConfigError
 from urm_ray.models.hrm import HRMConfig
 from urm_ray.models.recurrent import RecurrentConfig, RecurrentModel, require
-from urm_ray.models.registry import TaskSpec, build_model
+from urm_ray.models.registry import build_model
+from urm_ray.models.task import TaskSpec
 from urm_ray.models.trm import TRMConfig
 from urm_ray.models.urm import URMConfig
 from urm_ray.typed import from_dict

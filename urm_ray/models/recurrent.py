@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -32,9 +31,7 @@ from urm_ray.models.layers import (
     make_ffn,
     trunc_normal_,
 )
-
-if TYPE_CHECKING:
-    from urm_ray.models.registry import TaskSpec
+from urm_ray.models.task import TaskSpec
 
 
 def require(condition: bool, message: str) -> None:

@@ -6,30 +6,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import nn
 
 from urm_ray.errors import ConfigError
 from urm_ray.models.gram import GRAM, GRAMConfig
 from urm_ray.models.hrm import HRM, HRMConfig
+from urm_ray.models.task import TaskSpec
 from urm_ray.models.transformer import Transformer, TransformerConfig
 from urm_ray.models.trm import TRM, TRMConfig
 from urm_ray.models.urm import URM, URMConfig
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """The dataset facts a model is sized by (from the dataset's metadata)."""
-
-    vocab_size: int  # token ids are 0..vocab_size-1
-    seq_len: int  # tokens per row, without the puzzle prefix
-    num_puzzle_identifiers: int  # rows of the puzzle-embedding table
-
-    def __post_init__(self) -> None:
-        for key in ("vocab_size", "seq_len", "num_puzzle_identifiers"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"task.{key}={getattr(self, key)} must be >= 1")
 
 
 MODELS: dict[str, tuple[type, type[nn.Module]]] = {

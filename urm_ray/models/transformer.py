@@ -13,7 +13,7 @@ segment's output (gradients never cross segments), which is URM with loops=1.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -21,9 +21,7 @@ from torch import Tensor
 from urm_ray.models.act import State
 from urm_ray.models.layers import Rope
 from urm_ray.models.recurrent import RecurrentConfig, RecurrentModel, require
-
-if TYPE_CHECKING:
-    from urm_ray.models.registry import TaskSpec
+from urm_ray.models.task import TaskSpec
 
 
 @dataclass

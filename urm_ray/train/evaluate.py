@@ -73,30 +73,44 @@ def _answer_correctness(answers: torch.Tensor, labels: torch.Tensor) -> tuple[to
     return correct.sum(-1) == mask.sum(-1), correct.sum(-1), mask.sum(-1)
 
 
-def accumulate(
-    model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], verifier: Optional[Verifier] = None
-) -> dict[str, torch.Tensor]:
-    """Sum ``evaluate_batch`` over batches (sums, so ranks can all-reduce before dividing)."""
-    totals = {k: torch.zeros((), dtype=torch.float64) for k in SUM_KEYS}
+def accumulate(per_batch: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],
+               batches: Iterable[dict[str, torch.Tensor]], keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Sum ``per_batch``'s float64 sums over batches (sums, so ranks can all-reduce before
+    dividing); every key starts at 0, so a rank without batches still contributes all of them."""
+    totals = {k: torch.zeros((), dtype=torch.float64) for k in keys}
     for batch in batches:
-        for key, value in evaluate_batch(model, batch, verifier).items():
+        for key, value in per_batch(batch).items():
             totals[key] += value.cpu()
     return totals
 
 
-def summarize(totals: dict[str, torch.Tensor], prefix: str = "eval/") -> dict[str, float]:
-    """Turn summed counts into the reported metrics."""
-    rows = max(float(totals["rows"]), 1.0)
-    return {
-        f"{prefix}exact_accuracy": float(totals["exact"]) / rows,
-        f"{prefix}token_accuracy": float(totals["tokens_correct"]) / max(float(totals["tokens"]), 1.0),
-        f"{prefix}mean_segments": float(totals["segments"]) / rows,
-        f"{prefix}q_halt_segments": float(totals["q_segments"]) / rows,
-        f"{prefix}q_halt_exact_accuracy": float(totals["q_exact"]) / rows,
-        # answers the task verifier accepts (any valid solution); = exact_accuracy without one
-        f"{prefix}valid_accuracy": float(totals["valid"]) / rows,
-        f"{prefix}rows": float(totals["rows"]),
-    }
+# reported metric -> (numerator, denominator) among the summed counts
+METRICS = {
+    "exact_accuracy": ("exact", "rows"),
+    "token_accuracy": ("tokens_correct", "tokens"),
+    "mean_segments": ("segments", "rows"),
+    "q_halt_segments": ("q_segments", "rows"),
+    "q_halt_exact_accuracy": ("q_exact", "rows"),
+    # answers the task verifier accepts (any valid solution); = exact_accuracy without one
+    "valid_accuracy": ("valid", "rows"),
+}
+# the same for ``evaluate_sampled``'s counts: the voted answer, and the samples per row
+SAMPLED_METRICS = {
+    "vote_exact_accuracy": ("exact", "rows"),
+    "vote_token_accuracy": ("tokens_correct", "tokens"),
+    "vote_valid": ("valid", "rows"),
+    "sample_valid": ("sample_valid", "rows"),
+    "coverage": ("coverage", "rows"),
+    "mean_segments": ("segments", "rows"),
+}
+
+
+def summarize(totals: dict[str, torch.Tensor], metrics: dict[str, tuple[str, str]] = METRICS,
+              prefix: str = "eval/") -> dict[str, float]:
+    """Turn summed counts into the reported ``metrics`` (ratios of counts) and the row count."""
+    out = {f"{prefix}{name}": float(totals[num]) / max(float(totals[den]), 1.0)
+           for name, (num, den) in metrics.items()}
+    return {**out, f"{prefix}rows": float(totals["rows"])}
 
 
 def held_out_metrics(
@@ -108,9 +122,11 @@ def held_out_metrics(
     ``valid_accuracy`` judged by ``verifier``), plus, when
     ``num_samples`` > 0, the majority vote over that many sampled trajectories and its coverage
     (a second pass). ``reduce`` combines the sums across ranks before dividing."""
-    metrics = summarize(reduce(accumulate(model, batches(), verifier)))
+    metrics = summarize(reduce(accumulate(lambda b: evaluate_batch(model, b, verifier), batches(), SUM_KEYS)))
     if num_samples:
-        sampled = summarize_sampled(reduce(accumulate_sampled(model, batches(), num_samples, verifier)))
+        sums = accumulate(lambda b: evaluate_sampled(model, b, num_samples, verifier), batches(),
+                          SAMPLED_SUM_KEYS)
+        sampled = summarize(reduce(sums), SAMPLED_METRICS)
         metrics = {**sampled, **metrics}
     return metrics
 
@@ -172,30 +188,6 @@ def evaluate_sampled(
     values = (rows, exact.sum(), tokens_correct.sum(), tokens.sum(), segments * rows, voted_ok.sum(),
               accepted.double().mean(0).sum(), coverage(answers, accepted).sum())
     return {k: torch.as_tensor(v, dtype=torch.float64) for k, v in zip(SAMPLED_SUM_KEYS, values)}
-
-
-def accumulate_sampled(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], num_samples: int,
-                       verifier: Optional[Verifier] = None) -> dict[str, torch.Tensor]:
-    """Sum ``evaluate_sampled`` over batches (sums, so ranks can all-reduce before dividing)."""
-    totals = {k: torch.zeros((), dtype=torch.float64) for k in SAMPLED_SUM_KEYS}
-    for batch in batches:
-        for key, value in evaluate_sampled(model, batch, num_samples, verifier).items():
-            totals[key] += value.cpu()
-    return totals
-
-
-def summarize_sampled(totals: dict[str, torch.Tensor], prefix: str = "eval/") -> dict[str, float]:
-    """Turn ``evaluate_sampled`` sums into reported metrics (per row)."""
-    rows = max(float(totals["rows"]), 1.0)
-    return {
-        f"{prefix}vote_exact_accuracy": float(totals["exact"]) / rows,
-        f"{prefix}vote_token_accuracy": float(totals["tokens_correct"]) / max(float(totals["tokens"]), 1.0),
-        f"{prefix}vote_valid": float(totals["valid"]) / rows,
-        f"{prefix}sample_valid": float(totals["sample_valid"]) / rows,
-        f"{prefix}coverage": float(totals["coverage"]) / rows,
-        f"{prefix}mean_segments": float(totals["segments"]) / rows,
-        f"{prefix}rows": float(totals["rows"]),
-    }
 
 
 @torch.no_grad()

@@ -26,7 +26,8 @@ from urm_ray.data import stream
 from urm_ray.data.tasks.verify import Verifier, optional_verifier, verifier_for
 from urm_ray.errors import TrainingDiverged
 from urm_ray.losses import act_loss
-from urm_ray.models.registry import TaskSpec, build_model
+from urm_ray.models.registry import build_model
+from urm_ray.models.task import TaskSpec
 from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
 from urm_ray.tracking import Tracker, make_tracker
 from urm_ray.train import checkpoint

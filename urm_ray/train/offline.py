@@ -18,7 +18,8 @@ from urm_ray.config import RunConfig, build_config
 from urm_ray.data import stream
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks.verify import optional_verifier
-from urm_ray.models.registry import TaskSpec, build_model
+from urm_ray.models.registry import build_model
+from urm_ray.models.task import TaskSpec
 from urm_ray.optim import EMA
 from urm_ray.progress import Progress
 from urm_ray.train import checkpoint

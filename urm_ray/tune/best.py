@@ -25,13 +25,14 @@ from ray import tune
 
 from urm_ray import tracking
 from urm_ray.cluster import init_ray, scaled_up
-from urm_ray.config import RunConfig, apply_overrides, build_config, dump_yaml
+from urm_ray.config import RunConfig, apply_overrides, build_config, dump_yaml, with_values
 from urm_ray.errors import ConfigError
 from urm_ray.tracking import KIND_TAG, SWEEP_TAG, TRIAL_TAG
-from urm_ray.tune.resources import trial_bundles, without_resources
+from urm_ray.tune.info import SweepInfo
 from urm_ray.tune.report import BEST_FILE, best_config, ranked
-from urm_ray.tune.space import SearchSpace, with_values
-from urm_ray.tune.sweep import DEFAULT_ROOT, SweepInfo, load_sweep
+from urm_ray.tune.resources import trial_bundles, without_resources
+from urm_ray.tune.space import SearchSpace
+from urm_ray.tune.sweep import DEFAULT_ROOT, load_sweep
 from urm_ray.typed import to_dict
 
 

@@ -13,7 +13,7 @@ import csv
 import logging
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib
 import optuna
@@ -23,13 +23,11 @@ from urm_ray import tracking
 from urm_ray.config import RunConfig, dump_yaml
 from urm_ray.tracking import TRIAL_TAG
 from urm_ray.tune.expr import Expr
+from urm_ray.tune.info import SweepInfo
 from urm_ray.tune.params import Param
 from urm_ray.tune.resources import without_resources
 from urm_ray.tune.search import FATE_ATTR
 from urm_ray.tune.space import SearchSpace
-
-if TYPE_CHECKING:
-    from urm_ray.tune.sweep import SweepInfo
 
 matplotlib.use("Agg")  # files only, never a window
 logger = logging.getLogger(__name__)

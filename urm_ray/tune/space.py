@@ -16,7 +16,6 @@ change the space (``trials=8``, ``scheduler.grace_steps=50``).
 
 from __future__ import annotations
 
-import copy
 import itertools
 import warnings
 from collections.abc import Iterator
@@ -28,7 +27,16 @@ from typing import Any, Literal, Optional
 import optuna
 import yaml
 
-from urm_ray.config import SECTIONS, RunConfig, apply_overrides, build_config, flatten, read_yaml
+from urm_ray.config import (
+    SECTIONS,
+    RunConfig,
+    apply_overrides,
+    build_config,
+    flatten,
+    parse_overrides,
+    read_yaml,
+    with_values,
+)
 from urm_ray.errors import ConfigError
 from urm_ray.tune.expr import Expr
 from urm_ray.tune.params import Param, Value
@@ -192,7 +200,7 @@ def load_space(source: str, overrides: list[str] | None = None) -> SearchSpace:
 def space_from_dict(data: dict[str, Any], path: Path, overrides: list[str]) -> SearchSpace:
     config_over = [o for o in overrides if o.partition("=")[0].split(".")[0] in CONFIG_SECTIONS]
     space_over = [o for o in overrides if o not in config_over]
-    spec = from_dict(SpaceSpec, with_values(data, _parse_overrides(space_over)), path.stem)
+    spec = from_dict(SpaceSpec, with_values(data, parse_overrides(space_over, "trials=8")), path.stem)
     base_path = path.parent / spec.base
     base_dict = read_yaml(str(base_path) if base_path.is_file() else spec.base)
     base_dict = with_values(base_dict, spec.overrides)
@@ -328,32 +336,6 @@ def _check_point(space: SearchSpace, point: Any) -> None:
 
 def _numeric(values: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    out = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r}: expected key=value, e.g. trials=8")
-        out[key] = yaml.safe_load(raw) if raw else ""
-    return out
-
-
-def with_values(data: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a nested dict with dotted ``values`` set, keeping key order (params are ordered)."""
-    out = copy.deepcopy(data)
-    for key, value in values.items():
-        if isinstance(value, dict):
-            raise ConfigError(f"{key}: give dotted keys (train.steps: 600), not a nested section")
-        node = out
-        *parents, leaf = str(key).split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{key}: {part!r} is a value, not a section")
-        node[leaf] = value
-    return out
 
 
 def _close(key: str, known: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from urm_ray.errors import ConfigError
 from urm_ray.tracking import KIND_TAG, SWEEP_TAG
 from urm_ray.tune import report
 from urm_ray.tune.fate import FateRecorder
+from urm_ray.tune.info import INFO_FILE, SweepInfo, storage
 from urm_ray.tune.resources import Plan, plan, trial_bundles
 from urm_ray.tune.search import TRIAL_KEY, SweepSearch, make_sampler
 from urm_ray.tune.space import SearchSpace, find_space, load_space
@@ -45,39 +46,6 @@ from urm_ray.tune.trial import TrialContext, run_trial
 from urm_ray.typed import to_dict
 
 DEFAULT_ROOT = "sweeps"
-INFO_FILE = "sweep.json"
-
-
-@dataclass
-class SweepInfo:
-    """Where a sweep's pieces live; written at creation, read by resume, best and final."""
-
-    name: str
-    folder: str  # absolute
-    storage: str  # Optuna storage URL (study name = sweep name)
-    tracking_uri: str
-    experiment: str  # one MLflow experiment per sweep
-    source: str = ""  # the space file it was created from
-    parent_run_id: str = ""
-    # dotted keys every trial (and the best config) gets: planned resources, resolved data path
-    trial_overrides: dict[str, Any] = field(default_factory=dict)
-    # Ray Train storage of the trials' and final runs: the base config's train.storage_path when
-    # that is a URI (s3://..., which every node of a cluster reaches) plus /<name>; else the folder
-    run_storage: str = ""
-
-    @property
-    def path(self) -> Path:
-        return Path(self.folder)
-
-    def runs_path(self, kind: str) -> str:
-        """Where the Train runs of ``kind`` ("trials", "final") keep their checkpoints."""
-        return f"{self.run_storage or self.folder}/{kind}"
-
-    def save(self) -> None:
-        (self.path / INFO_FILE).write_text(json.dumps(asdict(self), indent=2))
-
-    def study(self) -> optuna.Study:
-        return optuna.load_study(study_name=self.name, storage=storage(self.storage))
 
 
 @dataclass
@@ -91,10 +59,6 @@ class SweepOutcome:
     @property
     def interrupted(self) -> bool:
         return self.finished < self.requested
-
-
-def storage(url: str) -> optuna.storages.RDBStorage:
-    return optuna.storages.RDBStorage(url)
 
 
 def create_sweep(source: str, overrides: list[str], name: str = "", root: str = DEFAULT_ROOT,

@@ -58,14 +58,6 @@ def valid_colorings_mask(answers: Any, inputs: Any, n: int) -> np.ndarray:
     return coloured & keeps_givens & ~clash.any(axis=(1, 2))
 
 
-def is_proper_coloring(answer: Any, graph: Any, n: int) -> bool:
-    """True when `answer` (n*(n+1) tokens) properly colours the graph of input `graph`."""
-    answer, graph = np.asarray(answer), np.asarray(graph)
-    if answer.size != n * (n + 1) or graph.size != n * (n + 1):
-        return False
-    return bool(valid_colorings_mask(answer.reshape(1, -1), graph.reshape(1, -1), n)[0])
-
-
 def encode(adjacency: np.ndarray, colours: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, labels) [B, n*(n+1)] int16 from adjacency [B, n, n] bool and colours [B, n]."""
     count, n = colours.shape

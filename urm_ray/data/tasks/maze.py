@@ -147,14 +147,6 @@ def valid_paths_mask(answers: Any, inputs: Any, n: int, labels: Any = None) -> n
     return kept.all(axis=(1, 2)) & well_formed & solved
 
 
-def is_valid_path(answer: Any, maze: Any, n: int) -> bool:
-    """True when `answer` (n*n tokens) marks a shortest start-goal path of `maze`."""
-    answer, maze = np.asarray(answer), np.asarray(maze)
-    if answer.size != n * n or maze.size != n * n:
-        return False
-    return bool(valid_paths_mask(answer.reshape(1, -1), maze.reshape(1, -1), n)[0])
-
-
 def _trace_path(dist: np.ndarray, goal: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
     """[n, n] bool: the cells strictly between start and goal on one shortest path, walking back
     from the goal through cells one step closer to the start (random choice among ties)."""

@@ -1,0 +1,49 @@
+"""Where a sweep's pieces live (``sweeps/<name>/sweep.json``): a leaf module, read by the sweep
+entry point, its report, ``best`` and ``final``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+INFO_FILE = "sweep.json"
+
+
+@dataclass
+class SweepInfo:
+    """Where a sweep's pieces live; written at creation, read by resume, best and final."""
+
+    name: str
+    folder: str  # absolute
+    storage: str  # Optuna storage URL (study name = sweep name)
+    tracking_uri: str
+    experiment: str  # one MLflow experiment per sweep
+    source: str = ""  # the space file it was created from
+    parent_run_id: str = ""
+    # dotted keys every trial (and the best config) gets: planned resources, resolved data path
+    trial_overrides: dict[str, Any] = field(default_factory=dict)
+    # Ray Train storage of the trials' and final runs: the base config's train.storage_path when
+    # that is a URI (s3://..., which every node of a cluster reaches) plus /<name>; else the folder
+    run_storage: str = ""
+
+    @property
+    def path(self) -> Path:
+        return Path(self.folder)
+
+    def runs_path(self, kind: str) -> str:
+        """Where the Train runs of ``kind`` ("trials", "final") keep their checkpoints."""
+        return f"{self.run_storage or self.folder}/{kind}"
+
+    def save(self) -> None:
+        (self.path / INFO_FILE).write_text(json.dumps(asdict(self), indent=2))
+
+    def study(self) -> optuna.Study:
+        return optuna.load_study(study_name=self.name, storage=storage(self.storage))
+
+
+def storage(url: str) -> optuna.storages.RDBStorage:
+    return optuna.storages.RDBStorage(url)

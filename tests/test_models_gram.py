@@ -285,16 +285,3 @@ def test_noise_off_trains_under_ddp_without_unused_parameters(tmp_path):
     from ranks import run_ranks
 
     assert run_ranks(_ddp_noise_off_rank, world_size=2, folder=tmp_path) == [[], []]
-
-
-@pytest.mark.parametrize(("h_cycles", "reaches"), [(2, True), (1, False)])
-def test_proposal_decode_trains_the_posterior_through_the_last_cycle(model_batch, h_cycles, reaches):
-    """decode_from=proposal: the answer is the last cycle's output, so the reconstruction reaches
-    the posterior only through the guidance before that cycle (none with one transition)."""
-    torch.manual_seed(0)
-    model = build_model(GRAMConfig(**{**TINY, "h_cycles": h_cycles, "decode_from": "proposal"}), TASK).train()
-    batch = model_batch(TASK)
-    _, outputs = model(model.initial_carry(batch), batch)
-    found = grads(model, outputs["logits"].square().sum())
-    assert ("posterior_head.down_proj.weight" in found) == reaches
-    assert "net.layers.0.mlp.down_proj.weight" in found

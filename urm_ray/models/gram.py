@@ -9,20 +9,33 @@ embeddings [B, T_pos, D] and TRM's ``cycle`` (l_cycles (K) z_L updates, then a z
 
 Only the high level is perturbed (noise on z_L fails in the paper's ablation). In training the
 posterior, which also sees the embedded labels y, guides every transition, the no-gradient ones
-included; at inference the prior does. Gradients flow only through the last transition of the
-segment, as in TRM, and the segment returns the KL of that transition:
+included; at inference the prior does. Gradients flow through the last transition of the
+segment only, as in TRM. The KL (balanced, see ``losses.gaussian_kl``) is charged
 
-    outputs["aux_loss"] = kl_coef * sum_b KL_balanced(q || p)    (added to the loss by act_loss)
-    outputs["kl"]       = sum_b KL(q || p), detached
+- ``kl_transitions: all`` (default): at every posterior-guided transition. In the no-gradient
+  ones the two heads run with gradient on the detached proposal, so only they learn from it and
+  memory stays at one transition. The paper charges only the last (``last``), which lets the
+  posterior write the answer into z_H at the transitions nobody pays for: the prior then learns
+  to copy it out of u instead of finding it (sudoku4: 29 % held-out token accuracy from the prior).
+- ``kl_reduction: token_mean`` (default): a row's summed KL over its supervised tokens, the
+  scale of the per-token-mean lm_loss, so kl_coef = 1 is an ELBO; ``sum`` is the paper's.
 
-``noise_scale = 0`` skips the guidance entirely: the model is then exactly TRM (same weight
-names, so a TRM state dict loads with ``strict=False``). Samples differ only through the global
-torch RNG; N trajectories run as one batch (see urm_ray.train.evaluate.evaluate_sampled).
+    outputs["aux_loss"] = kl_coef * sum_b (sum_t KL_t[b]) / scale_b    (added by act_loss)
+    outputs["kl"], ["kl_first"], ["kl_last"] = summed KL over rows (all, first, last), nats
 
-Small-scale caveat: the guidance is per position and is decoded by the per-position lm_head in
-the same transition, and no gradient reaches earlier transitions, so a briefly trained tiny
-model learns a per-cell posterior code that its prior cannot coordinate: on 6x6 N-Queens a
-CPU-minute model reconstructs from the posterior but its prior samples are not yet valid boards.
+``halt_decode: prior`` (default) takes the Q-halt label from a prior-guided draw at the last
+transition (``outputs["halt_logits"]``): the posterior-guided answer is always right, so as a
+label it teaches the Q-head to halt at once, and deep supervision never sees later segments.
+
+``noise_scale = 0`` builds no guidance modules: the model is then exactly TRM (same weights, so
+a TRM state dict loads). Samples differ only through the global torch RNG; N trajectories run
+as one batch (see urm_ray.train.evaluate.evaluate_sampled).
+
+Small-scale caveat: the guidance is per position and the lm_head decodes z_H per position right
+after the last draw, so a briefly trained tiny model learns a per-cell posterior code that its
+prior cannot coordinate: on 6x6 N-Queens a CPU-minute model reconstructs from the posterior but
+its prior samples are not valid boards, whatever kl_coef (1: KL stays ~10 nats, 10: the posterior
+collapses onto the prior). See the README's GRAM section for the measured recipes.
 """
 
 from __future__ import annotations
@@ -59,8 +72,8 @@ class GRAMConfig(TRMConfig):
     latent_dim: int = 256
     # multiplies the whole guidance proj(eps); 1 = GRAM, 0 = guidance off (exactly TRM)
     noise_scale: float = 1.0
-    # beta: weight of KL(posterior || prior), summed over positions and latent dims per row
-    kl_coef: float = 1e-3
+    # beta: weight of KL(posterior || prior), reduced per row as kl_reduction says (paper: 1e-3 on the sum)
+    kl_coef: float = 1.0
     # KL balancing: share of the KL gradient that trains the prior (paper 0.8); null = plain KL
     kl_balance: Optional[float] = 0.8
     # transitions whose KL is charged: "all" = every posterior-guided one, the no-gradient ones
@@ -73,11 +86,6 @@ class GRAMConfig(TRMConfig):
     # the guidance the Q-halt head and its label see in training: "prior" = a prior-guided draw at
     # the last transition, the state inference decodes; "posterior" = the training state (paper)
     halt_decode: Literal["prior", "posterior"] = "prior"
-    # what the heads read at a segment's end: "state" = the last z_H = u + guidance (paper);
-    # "proposal" = the last u, and the guidance before the last cycle keeps its gradient, so the
-    # posterior learns codes the network turns into a whole answer (attention across positions)
-    # instead of per-position codes read straight by the lm_head, which a prior cannot coordinate
-    decode_from: Literal["state", "proposal"] = "state"
     # Q-halt label: "label" = the answer equals the label (act_loss's default); "verifier" = a
     # task verifier accepts the answer. The training loop passes the dataset task's verifier.
     halt_target: Literal["label", "verifier"] = "label"
@@ -142,41 +150,27 @@ class GRAM(TRM):
             return super().core(state, x, labels)
         rope = self.rope(x.shape[1])
         target = self.embed_labels(labels).to(x.dtype) if self.training else None
-        through = self.config.decode_from == "proposal"
         charge = target is not None and self.config.kl_transitions == "all"
         z_H, z_L = state["z_H"], state["z_L"]
         kls: list[Tensor] = []  # per-row balanced KL [B] of each charged transition
-        u = z_H  # the last proposal before the final cycle (h_cycles = 1: the carried state)
         for _ in range(self.config.h_cycles - 1):
             with torch.no_grad():
                 u, z_L = self.cycle(z_H, z_L, x, rope)
-            with torch.set_grad_enabled((charge or through) and torch.is_grad_enabled()):
+            with torch.set_grad_enabled(charge and torch.is_grad_enabled()):
                 z_H, kl = self.guide(u, target, charge)  # u has no history: only the heads learn
-            z_H = z_H if through else z_H.detach()
+            z_H = z_H.detach()
             kls += [kl] if kl is not None else []
-        z_L_before = z_L
-        last, z_L = self.cycle(z_H, z_L, x, rope)
-        z_H, kl = self.guide(last, target, target is not None)
-        outputs = self.heads(last if through else z_H)
+        u, z_L = self.cycle(z_H, z_L, x, rope)
+        z_H, kl = self.guide(u, target, target is not None)
+        outputs = self.heads(z_H)
         if target is None:
             return {"z_H": z_H, "z_L": z_L}, outputs
         kls.append(kl)
-        if self.config.halt_decode == "prior":
-            outputs["halt_logits"] = self.prior_decode(u, last, z_L_before, x, rope)
+        if self.config.halt_decode == "prior":  # the Q-halt label: the answer had the prior guided
+            with torch.no_grad():
+                outputs["halt_logits"] = self.heads(self.perturb(u, self.prior_head(u)))["logits"]
         outputs.update(self.kl_outputs(torch.stack(kls), labels))
         return {"z_H": z_H, "z_L": z_L}, outputs
-
-    @torch.no_grad()
-    def prior_decode(self, u: Tensor, last: Tensor, z_L: Tensor, x: Tensor, rope: Rope) -> Tensor:
-        """Logits [B, L, V] of the segment's answer had the prior guided its final step: the Q-halt
-        label, so the Q-head learns when the answer inference would decode is right. ``u``: the
-        proposal before the final cycle, ``last``: the final proposal, ``z_L``: before it."""
-        if self.config.decode_from == "state":
-            return self.heads(self.perturb(last, self.prior_head(last)))["logits"]
-        if self.config.h_cycles == 1:  # no guidance inside the segment before the decode
-            return self.heads(last)["logits"]
-        rerun, _ = self.cycle(self.perturb(u, self.prior_head(u)), z_L, x, rope)
-        return self.heads(rerun)["logits"]
 
     def guide(self, u: Tensor, target: Optional[Tensor], charge: bool) -> tuple[Tensor, Optional[Tensor]]:
         """z_H = u + noise_scale * proj(eps), eps from the posterior with a target (training) or

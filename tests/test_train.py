@@ -64,7 +64,7 @@ def test_a_run_learns_and_is_recorded_in_mlflow(ray_local, tmp_path: Path, sudok
     summary = json.loads(done.stdout)  # stdout holds the summary alone: Ray's output stays in its logs
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     for phase in ("reading data", "starting Ray (a private local instance)", "building the model (urm)",
-                  "training from step 0", "evaluating at step 150", "uploading the config"):
+                  "training from step 0", "evaluating at step 150", "uploading the checkpoint"):
         assert phase in done.stderr, (phase, done.stderr)
     lines = [line.split("urm_ray.progress: ")[1] for line in done.stderr.splitlines()
              if "urm_ray.progress: train: " in line]

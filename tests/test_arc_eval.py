@@ -14,7 +14,7 @@ from urm_ray.data import arc_augment, store
 from urm_ray.data.config import DataConfig
 from urm_ray.data.tasks import arc
 from urm_ray.errors import ConfigError
-from urm_ray.train.arc_eval import evaluate_arc, pass_at_k, task_scores, vote
+from urm_ray.train.arc_eval import Share, evaluate_arc, pass_at_k, place, task_scores, vote
 
 # ARC-AGI-1 training + evaluation in the Kaggle layout, as downloaded (all 800 tasks)
 ARC_DIR = Path(__file__).resolve().parent / "fixtures" / "arc-agi"
@@ -30,10 +30,12 @@ def test_vote_ranks_by_count_then_halting_probability():
 
 def test_pass_at_k_and_task_scores():
     ranked = {0: [B, A, C], 1: [C], 2: [A, B]}
-    truths = {0: A, 1: A, 2: A}
-    assert [pass_at_k(ranked[0], A, k) for k in (1, 2, 3)] == [False, True, True]
-    scores = task_scores(ranked, truths, {"t": [0, 1], "u": [2]}, (1, 2))
-    assert scores == {"t": {"pass_at_1": 0.0, "pass_at_2": 0.5}, "u": {"pass_at_1": 1.0, "pass_at_2": 1.0}}
+    places = {pair: place(answers, A) for pair, answers in ranked.items()}
+    assert places == {0: 1, 1: -1, 2: 0}
+    assert [pass_at_k(places[0], k) for k in (1, 2, 3)] == [False, True, True]
+    scores = task_scores(places, {"t": [0, 1], "u": [2], "v": [3]}, (1, 2))  # pair 3: no votes
+    assert scores == {"t": {"pass_at_1": 0.0, "pass_at_2": 0.5}, "u": {"pass_at_1": 1.0, "pass_at_2": 1.0},
+                      "v": {"pass_at_1": 0.0, "pass_at_2": 0.0}}
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +115,23 @@ def test_voting_outvotes_a_minority_of_wrong_augmentations(dataset):
     assert fewer["arc/pass_at_2"] == 0.0 and fewer["arc/augmentations"] == 2
 
 
+def test_ranks_sharing_the_pairs_report_what_one_process_does(dataset):
+    """Three DDP ranks each vote on a third of the test pairs; gathering their shares gives the
+    single-process report (wrong answers in some views, so pass@1 and pass@2 differ by task)."""
+    cfg = DataConfig(path=str(dataset), num_augmentations=4)
+    answers = _answers(dataset, cfg, lambda a: a in (0, 1))  # two right, two alike wrong: a tie
+    whole = evaluate_arc(StandIn(answers), cfg, batch_size=5, pass_ks=(1, 2))
+    shares: list[Share] = []
+    for rank in (1, 2):  # the other ranks' shares, as the collective would gather them
+        evaluate_arc(StandIn(answers), cfg, batch_size=5, pass_ks=(1, 2), ranks=(rank, 3),
+                     gather=lambda share: shares.append(share) or [share])
+    parts = [share.rows for share in shares]
+    split = evaluate_arc(StandIn(answers), cfg, batch_size=5, pass_ks=(1, 2), ranks=(0, 3),
+                         gather=lambda share: [share, *shares])
+    assert split == whole and all(parts) and sum(parts) < whole["metrics"]["arc/predictions"]
+    assert whole["metrics"]["arc/pass_at_1"] == 0.0 and whole["metrics"]["arc/pass_at_2"] == 1.0
+
+
 def test_early_halting_saves_segments(dataset):
     cfg = DataConfig(path=str(dataset), num_augmentations=3)
     answers = _answers(dataset, cfg)
@@ -131,3 +150,59 @@ def test_bad_evaluation_options(dataset):
         evaluate_arc(StandIn({}), cfg, num_augmentations=4)
     with pytest.raises(ConfigError, match="pass_ks"):
         evaluate_arc(StandIn({}), cfg, pass_ks=(0,))
+
+
+def test_in_run_pass_at_k_equals_urm_ray_eval_on_the_checkpoint(dataset, tmp_path):
+    """The trainer's evaluation (EMA weights, train.eval_arc_views views) reports the pass@k that
+    `urm-ray eval --augmentations K` reports on the checkpoint saved at that step."""
+    from urm_ray.config import load_config
+    from urm_ray.data import stream
+    from urm_ray.models.registry import TaskSpec, build_model
+    from urm_ray.optim import EMA, build_optimizers
+    from urm_ray.tracking import NullTracker
+    from urm_ray.train import checkpoint, offline
+    from urm_ray.train.loop import Trainer
+    from urm_ray.typed import to_dict
+
+    cfg = load_config("sudoku4-urm", [
+        f"data.path={dataset}", "data.num_augmentations=3", "model.hidden_size=16",
+        "model.num_heads=2", "model.num_layers=1", "model.loops=2", "model.max_segments=2",
+        "model.puzzle_emb_dim=16", "optim.ema_decay=0.5", "optim.warmup_steps=0",
+        "train.global_batch_size=4", "train.eval_batch_size=5", "train.eval_arc_views=3",
+        "train.compile=false"])
+    meta = store.read_metadata(dataset)
+    task = TaskSpec(meta.vocab_size, meta.seq_len, stream.puzzle_table_size(meta, cfg.data))
+    torch.manual_seed(0)
+    model = build_model(cfg.model, task)
+    ema = EMA(model, cfg.optim.ema_decay)
+    optimizers = build_optimizers(model, cfg.optim)
+    trainer = Trainer(cfg, model, model, ema, optimizers, NullTracker(), torch.device("cpu"), 0, 1,
+                      meta.seq_len)
+    trainer.arc_views = cfg.train.eval_arc_views
+    train = store.read_split(dataset, "train")
+    batch = {"inputs": torch.from_numpy(train["inputs"][:4].astype(np.int32)),
+             "labels": torch.from_numpy(train["labels"][:4].astype(np.int64)),
+             "puzzle_identifiers": torch.from_numpy(train["puzzle_identifiers"][:4].astype(np.int32))}
+    carry = None
+    for _ in range(2):  # the EMA now differs from the weights
+        carry, _ = trainer._step(carry, batch)
+    weights = [p.detach().clone() for p in model.parameters()]
+    with trainer.evaluation_model() as evaluated:
+        in_run = trainer.arc_metrics(evaluated)
+    assert all(torch.equal(w, p) for w, p in zip(weights, model.parameters()))  # put back
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    checkpoint.save(folder, model, ema, optimizers, checkpoint.Position(step=2), to_dict(cfg))
+    assert offline.is_arc(folder)
+    report = offline.evaluate_arc_checkpoint(folder, num_augmentations=3, pass_ks=(1, 2))
+    assert in_run["arc/pass_at_2"] == report["metrics"]["arc/pass_at_2"]
+    assert in_run == report["metrics"]  # pass@1, pass@2 (k <= max(views, 2)), counts, segments
+    assert in_run["arc/augmentations"] == 3 and in_run["arc/predictions"] == 3 * in_run["arc/test_pairs"]
+
+
+def test_arc_views_beyond_the_puzzle_table_are_a_config_error(dataset):
+    from urm_ray.config import load_config
+
+    with pytest.raises(ConfigError, match=r"train.eval_arc_views=4 must be <= 3"):
+        load_config("sudoku4-urm", [f"data.path={dataset}", "data.num_augmentations=3",
+                                    "train.eval_arc_views=4"])

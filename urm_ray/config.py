@@ -45,6 +45,9 @@ class TrainConfig:
     # K sampled trajectories per held-out row, majority-voted, with coverage (distinct valid
     # answers) by the task's verifier: for stochastic models (GRAM). 0 = off
     eval_samples: int = 0
+    # ARC data: also arc/pass_at_k (k = 1, 2, 10, ... up to this) by voting over this many
+    # augmented views of each held-out test input, as `urm-ray eval` does. 0 = off
+    eval_arc_views: int = 0
     checkpoint_every: int = 500  # steps between checkpoints (0 = end only)
     keep_checkpoints: int = 2
     max_failures: int = 0  # worker-group restarts from the latest checkpoint after a crash
@@ -66,7 +69,7 @@ class TrainConfig:
         for key in ("steps", "global_batch_size", "num_workers", "log_every", "eval_batch_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must be >= 1")
-        for key in ("eval_every", "eval_max_rows", "eval_samples", "checkpoint_every"):
+        for key in ("eval_every", "eval_max_rows", "eval_samples", "eval_arc_views", "checkpoint_every"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must be >= 0")
         if self.global_batch_size % self.num_workers:
@@ -121,6 +124,11 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
+        slots = self.data.num_augmentations if self.data.augment else 1
+        if self.train.eval_arc_views > slots:
+            raise ConfigError(
+                f"train.eval_arc_views={self.train.eval_arc_views} must be <= {slots}: the puzzle "
+                "table has data.num_augmentations augmentation slots per task (1 without data.augment)")
         # keys of one section that another section makes useless (each section warns about its own)
         if self.model.puzzle_emb_dim == 0:
             for key in ("puzzle_emb_lr", "puzzle_emb_weight_decay"):

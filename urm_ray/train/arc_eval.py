@@ -8,6 +8,9 @@ permutation, and counts as one vote for that grid. Candidates rank by votes, the
 Q-head halting probability of their votes; pass@k holds when the true output is among the first k.
 A task scores the fraction of its test pairs passed; pass@k is the mean over tasks.
 
+In a training run each DDP rank votes on a share of the test pairs (every view of a pair on the
+same rank) and the ranks gather only where each pair's true answer placed, never the grids.
+
 With `halt_early`, a row's answer is the one at the first segment whose Q-head says halt, and a
 batch stops once every row has halted; the report gives the segments run against the maximum.
 
@@ -17,8 +20,8 @@ batch stops once every row has halted; the report gives the segments run against
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -61,35 +64,64 @@ def vote(answers: Sequence[bytes], q: Sequence[float] | None = None) -> list[byt
     return rank(candidates)
 
 
-def pass_at_k(ranked: Sequence[bytes], truth: bytes, k: int) -> bool:
-    """The true answer is among the first k ranked answers."""
-    return truth in ranked[:k]
+def place(ranked: Sequence[bytes], truth: bytes) -> int:
+    """Where the true answer is among the ranked answers (0 = first); -1 when it is not there."""
+    return ranked.index(truth) if truth in ranked else -1
 
 
-def task_scores(ranked: dict[int, list[bytes]], truths: dict[int, bytes],
-                pairs_of_task: dict[str, list[int]], ks: Sequence[int]
+def pass_at_k(place: int, k: int) -> bool:
+    """The true answer, at ``place`` (see ``place``), is among the first k ranked answers."""
+    return 0 <= place < k
+
+
+def task_scores(places: dict[int, int], pairs_of_task: dict[str, list[int]], ks: Sequence[int]
                 ) -> dict[str, dict[str, float]]:
-    """Per task: pass@k = fraction of its test pairs whose truth is in the top k."""
+    """Per task: pass@k = fraction of its test pairs whose truth is in the top k (a pair without
+    predictions fails)."""
     out = {}
     for name, pairs in pairs_of_task.items():
         out[name] = {f"pass_at_{k}": float(np.mean(
-            [pass_at_k(ranked.get(p, []), truths[p], k) for p in pairs])) for k in ks}
+            [pass_at_k(places.get(p, -1), k) for p in pairs])) for k in ks}
+    return out
+
+
+@dataclass
+class Share:
+    """What voting on some of the test pairs gives, without the grids (small, so DDP ranks can
+    gather it): where each pair's true answer placed, and the prediction counts."""
+
+    places: dict[int, int] = field(default_factory=dict)  # test pair -> place of its truth
+    rows: int = 0  # predictions
+    segments_run: float = 0.0  # segments computed, summed over rows (a batch runs until all halt)
+    segments_q: float = 0.0  # segments at which each row's answer was taken
+
+
+def merge(shares: Sequence[Share]) -> Share:
+    """The shares of disjoint sets of test pairs as one."""
+    out = Share()
+    for share in shares:
+        out.places.update(share.places)
+        out.rows += share.rows
+        out.segments_run += share.segments_run
+        out.segments_q += share.segments_q
     return out
 
 
 @dataclass
 class _Tally:
     candidates: dict[int, dict[bytes, Candidate]] = field(default_factory=dict)
-    rows: int = 0
-    segments_run: float = 0.0  # segments computed, summed over rows (a batch runs until all halt)
-    segments_q: float = 0.0  # segments at which each row's answer was taken
-    max_segments: int = 0
+    share: Share = field(default_factory=Share)
 
     def add(self, pairs: np.ndarray, answers: np.ndarray, q: np.ndarray) -> None:
         for pair, answer, prob in zip(pairs.tolist(), answers, q.tolist()):
             c = self.candidates.setdefault(pair, {}).setdefault(answer.tobytes(), Candidate())
             c.votes += 1
             c.q_sum += prob
+
+    def placed(self, truths: dict[int, bytes]) -> Share:
+        """The share with each voted pair's place of its truth filled in."""
+        places = {pair: place(rank(c), truths[pair]) for pair, c in self.candidates.items()}
+        return replace(self.share, places=places)
 
 
 @torch.no_grad()
@@ -142,13 +174,18 @@ def _check(data_cfg: DataConfig, num_augmentations: int, pass_ks: Sequence[int])
 def evaluate_arc(model: nn.Module, data_cfg: DataConfig, split: str = "test",
                  num_augmentations: int = 0, batch_size: int = 256, halt_early: bool = False,
                  pass_ks: Sequence[int] = PASS_KS, max_pairs: int = 0,
-                 device: str | torch.device = "cpu", live: bool = False) -> dict[str, object]:
+                 device: str | torch.device = "cpu", live: bool = False,
+                 ranks: tuple[int, int] = (0, 1),
+                 gather: Callable[[Share], list[Share]] = lambda share: [share]) -> dict[str, object]:
     """pass@k of `model` (eval mode) on the ARC split by augmentation voting.
 
     `num_augmentations` (0 = all of data.num_augmentations) versions per test pair. Returns
     {"metrics": {...}, "tasks": {name: {pass_at_k}}}; metrics are "arc/pass_at_k", "arc/tasks",
     "arc/test_pairs", "arc/predictions", "arc/mean_segments", "arc/compute_saved". Progress over
-    the predictions: a bar on stderr when ``live``, else a log line every few seconds."""
+    the predictions: a bar on stderr when ``live``, else a log line every few seconds.
+
+    ``ranks`` = (rank, world): this process votes on test pairs rank, rank + world, ...; ``gather``
+    (a collective, every rank calls it) returns every rank's ``Share`` so each reports all pairs."""
     slots = data_cfg.num_augmentations if data_cfg.augment else 1
     num_augmentations = num_augmentations or slots
     _check(data_cfg, num_augmentations, pass_ks)
@@ -156,49 +193,57 @@ def evaluate_arc(model: nn.Module, data_cfg: DataConfig, split: str = "test",
     stored = store.read_split(data_cfg.path, split)
     if max_pairs:
         stored = {k: v[:max_pairs] for k, v in stored.items()}
-    tally = _Tally(max_segments=int(getattr(model, "max_segments", 0)))
-    progress = Progress(f"eval {split}", len(stored["inputs"]) * num_augmentations,
+    this_rank, world = ranks
+    mine = {k: v[this_rank::world] for k, v in stored.items()}
+    tally = _Tally()
+    progress = Progress(f"eval {split}", len(mine["inputs"]) * num_augmentations,
                         unit="predictions", every_s=5.0, live=live)
-    for rows, aug in _rows(stored, num_augmentations, batch_size):
-        ids = stored["puzzle_identifiers"][rows]
+    for rows, aug in _rows(mine, num_augmentations, batch_size):
+        ids = mine["puzzle_identifiers"][rows]
         inputs, _, model_ids = arc_augment.augment(
-            stored["inputs"][rows], stored["labels"][rows], ids, stored["puzzle_index"][rows],
+            mine["inputs"][rows], mine["labels"][rows], ids, mine["puzzle_index"][rows],
             aug, data_cfg.shuffle_seed, table, slots, translate_grids=False)
         batch = {"inputs": torch.from_numpy(inputs.astype(np.int32)).to(device),
                  "labels": torch.full(inputs.shape, -100, dtype=torch.long, device=device),
                  "puzzle_identifiers": torch.from_numpy(model_ids).to(device)}
         answers, prob, taken, segments = predict(model, batch, halt_early)
         original = arc_augment.invert(answers.cpu().numpy(), ids, aug, data_cfg.shuffle_seed, table)
-        tally.add(stored["puzzle_index"][rows], original, prob.cpu().numpy())
-        tally.rows += len(rows)
-        tally.segments_run += segments * len(rows)
-        tally.segments_q += float(taken.sum())
-        progress.update(tally.rows)
+        tally.add(mine["puzzle_index"][rows], original, prob.cpu().numpy())
+        tally.share.rows += len(rows)
+        tally.share.segments_run += segments * len(rows)
+        tally.share.segments_q += float(taken.sum())
+        progress.update(tally.share.rows)
     progress.finish()
-    return _report(tally, stored, table, pass_ks, num_augmentations)
+    share = merge(gather(tally.placed(_truths(mine))))
+    max_segments = int(getattr(model, "max_segments", 0))
+    return _report(share, stored, table, pass_ks, num_augmentations, max_segments)
 
 
-def _report(tally: _Tally, stored: dict[str, np.ndarray], table: arc.TaskTable,
-            pass_ks: Sequence[int], num_augmentations: int) -> dict[str, object]:
-    truths = dict(zip(stored["puzzle_index"].tolist(),
-                      (c.tobytes() for c in arc_augment.canonical(stored["labels"]))))
+def _truths(stored: dict[str, np.ndarray]) -> dict[int, bytes]:
+    """Test pair -> its true output as canonical canvas bytes."""
+    return dict(zip(stored["puzzle_index"].tolist(),
+                    (c.tobytes() for c in arc_augment.canonical(stored["labels"]))))
+
+
+def _report(share: Share, stored: dict[str, np.ndarray], table: arc.TaskTable,
+            pass_ks: Sequence[int], num_augmentations: int, max_segments: int
+            ) -> dict[str, object]:
     pairs_of_task: dict[str, list[int]] = {}
     for pair, ident in zip(stored["puzzle_index"].tolist(), stored["puzzle_identifiers"].tolist()):
         pairs_of_task.setdefault(table.name(ident), []).append(pair)
-    ranked = {pair: rank(c) for pair, c in tally.candidates.items()}
-    tasks = task_scores(ranked, truths, pairs_of_task, pass_ks)
-    rows = max(tally.rows, 1)
+    tasks = task_scores(share.places, pairs_of_task, pass_ks)
+    rows = max(share.rows, 1)
     metrics = {f"arc/pass_at_{k}": float(np.mean([t[f"pass_at_{k}"] for t in tasks.values()]))
                if tasks else 0.0 for k in pass_ks}
     metrics.update({
         "arc/tasks": float(len(tasks)),
-        "arc/test_pairs": float(len(truths)),
+        "arc/test_pairs": float(len(stored["puzzle_index"])),
         "arc/augmentations": float(num_augmentations),
-        "arc/predictions": float(tally.rows),
-        "arc/mean_segments_run": tally.segments_run / rows,
-        "arc/mean_segments_q": tally.segments_q / rows,
-        "arc/max_segments": float(tally.max_segments),
+        "arc/predictions": float(share.rows),
+        "arc/mean_segments_run": share.segments_run / rows,
+        "arc/mean_segments_q": share.segments_q / rows,
+        "arc/max_segments": float(max_segments),
     })
-    if tally.max_segments:
-        metrics["arc/compute_saved"] = 1.0 - tally.segments_run / rows / tally.max_segments
+    if max_segments:
+        metrics["arc/compute_saved"] = 1.0 - share.segments_run / rows / max_segments
     return {"metrics": metrics, "tasks": tasks}

@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
@@ -183,6 +184,9 @@ def fit(
     cfg = resolve(cfg)
     meta = stream.load_meta(cfg.data)  # a missing or malformed dataset fails here, before Ray starts
     stream.warn_unused(cfg.data, meta)
+    if cfg.train.eval_arc_views and not stream.per_augmentation_identifiers(meta):
+        warnings.warn(f"train.eval_arc_views={cfg.train.eval_arc_views} has no effect on {meta.task} "
+                      "data: pass@k by voting over augmented views is for ARC", stacklevel=2)
     logger.info("data: %s", ", ".join(f"{name} {split.num_rows} rows"
                                       for name, split in meta.splits.items()))
     check_storage(cfg.train.storage_path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
 from urm_ray.tracking import Tracker, make_tracker
 from urm_ray.train import checkpoint
 from urm_ray.train.checkpoint import Position
+from urm_ray.train.arc_eval import PASS_KS, evaluate_arc
 from urm_ray.train.compiled import compile_enabled, compile_model, compiled_loss
 from urm_ray.train.evaluate import held_out_metrics
 from urm_ray.train.live import Sender
@@ -68,6 +69,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     if getattr(cfg.model, "halt_target", "label") == "verifier":
         trainer.verifier = verifier_for(meta.task, meta.seq_len)
     trainer.eval_verifier = optional_verifier(meta.task, meta.seq_len)
+    if stream.per_augmentation_identifiers(meta):
+        trainer.arc_views = cfg.train.eval_arc_views
     trainer.progress = progress
     trainer.run(position, None if carry is None else carry.to(device))
 
@@ -126,6 +129,8 @@ class Trainer:
         # judges held-out answers: eval/valid_accuracy and, with train.eval_samples > 0, the
         # sampled answers' validity and coverage (None = "equals the label")
         self.eval_verifier: Verifier | None = None
+        # ARC data: augmented views of each held-out test input voted for arc/pass_at_k (0 = none)
+        self.arc_views = 0
         self.progress = Sender()  # rank 0 of a watched run: sends its steps to the driver
 
     def run(self, position: Position, carry: Any = None) -> None:
@@ -249,14 +254,37 @@ class Trainer:
             )
             return ({k: v.to(self.device) for k, v in b.items()} for b in rows)
 
+        with self.evaluation_model() as model:
+            metrics = held_out_metrics(model, batches, self.cfg.train.eval_samples,
+                                       self.eval_verifier, reduce=self._all_reduce)
+            if self.arc_views:
+                metrics.update(self.arc_metrics(model))
+        return metrics
+
+    @contextmanager
+    def evaluation_model(self) -> Iterator[nn.Module]:
+        """The model in eval mode with the EMA weights applied (when the run keeps an EMA), under
+        the training autocast; training weights and mode come back on exit."""
         averaged = self.ema.applied(self.model) if self.ema is not None else nullcontext(self.model)
         with averaged as model, self._autocast():
             model.eval()
             try:
-                return held_out_metrics(model, batches, self.cfg.train.eval_samples,
-                                        self.eval_verifier, reduce=self._all_reduce)
+                yield model
             finally:
                 model.train()
+
+    def arc_metrics(self, model: nn.Module) -> dict[str, float]:
+        """``urm-ray eval``'s ARC vote over ``arc_views`` views of each held-out test input, with
+        pass@k for k up to the views (pass@1 and pass@2 always). Each rank votes on a share of the
+        test pairs; ``_gather`` brings every rank the others' results (a collective)."""
+        views = self.arc_views
+        report = evaluate_arc(
+            model, self.cfg.data, self.cfg.data.eval_split, num_augmentations=views,
+            batch_size=self.cfg.train.eval_batch_size,
+            pass_ks=tuple(k for k in PASS_KS if k <= max(views, 2)),
+            max_pairs=self.cfg.train.eval_max_rows, device=self.device,
+            ranks=(self.rank, self.world), gather=self._gather)
+        return report["metrics"]
 
     def _gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order (a collective: every rank calls it)."""

@@ -169,7 +169,7 @@ def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, over
 
 def _register(info: SweepInfo, cfg: RunConfig, model: Any, run_id: str, metrics: dict[str, Any],
               model_name: str) -> str:
-    tags = {k: str(v) for k, v in metrics.items() if k.startswith("eval/")}
+    tags = {k: str(v) for k, v in metrics.items() if k.startswith(("eval/", "arc/"))}
     tags.update({"sweep": info.name, "sweep_parent_run_id": info.parent_run_id})
     with tempfile.TemporaryDirectory() as folder:
         config_file = Path(folder) / "config.yaml"

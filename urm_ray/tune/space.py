@@ -47,11 +47,14 @@ CONFIG_SECTIONS = ("model", *SECTIONS)
 NOT_SEARCHABLE = ("train.steps", "train.run_name", "train.storage_path", "train.num_workers",
                   "train.cpus_per_worker", "train.gpus_per_worker", "train.device", "data.path")
 MAX_COMBINATIONS = 4096  # combinations of grid values that validation tries, at most
+# metrics a run reports: held-out evaluation (eval/*, and ARC pass@k by voting, arc/*) and training
+EVALUATED = ("eval/", "arc/")
+REPORTED = (*EVALUATED, "train/")
 
 
 @dataclass
 class Objective:
-    metric: str = "eval/exact_accuracy"  # a reported metric (eval/*, train/*) or a derived one
+    metric: str = "eval/exact_accuracy"  # a reported metric (eval/*, arc/*, train/*) or a derived one
     mode: Literal["max", "min"] = "max"
 
 
@@ -267,12 +270,15 @@ def _check_objectives(space: SearchSpace) -> None:
         raise ConfigError("objectives: at least one metric is needed")
     for objective in space.spec.objectives:
         name = objective.metric
-        if not (name.startswith(("eval/", "train/")) or name in space.derived):
-            raise ConfigError(f"objectives: metric {name!r} is neither reported (eval/*, train/*) "
-                              "nor derived")
+        if not (name.startswith(REPORTED) or name in space.derived):
+            raise ConfigError(f"objectives: metric {name!r} is neither reported (eval/*, arc/*, "
+                              "train/*) nor derived")
+        if name.startswith("arc/") and not space.base_config.train.eval_arc_views:
+            raise ConfigError(f"objectives: {name} is reported only with train.eval_arc_views > 0 "
+                              "(on ARC data)")
     params = {p.key for p in space.params} | set(space.fixed)
     for name, expr in space.derived.items():
-        unknown = sorted(n for n in expr.names if n not in params and not n.startswith(("eval/", "train/")))
+        unknown = sorted(n for n in expr.names if n not in params and not n.startswith(REPORTED))
         if unknown:
             raise ConfigError(f"derived {name}: unknown name {unknown[0]!r}")
 
@@ -281,7 +287,7 @@ def _check_scheduler(space: SearchSpace) -> None:
     sched, train = space.spec.scheduler, space.base_config.train
     if sched.name == "none":
         return
-    if space.metric.startswith("eval/") and train.eval_every == 0:
+    if space.metric.startswith(EVALUATED) and train.eval_every == 0:
         raise ConfigError(f"scheduler.name={sched.name} prunes on {space.metric}, which is only "
                           "reported at the end with train.eval_every=0; set train.eval_every")
     grace = sched.grace_steps or train.eval_every or train.log_every

@@ -141,17 +141,23 @@ def _used_colours(identifiers: np.ndarray, table: TaskTable) -> np.ndarray:
     return table.fixing[identifiers, 0, 1:] >= 0
 
 
+def _task_versions(identifiers: np.ndarray, table: TaskTable
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(coset representatives [B, 8], used colours [B, 9], distinct versions [B]) per row."""
+    reps = _coset_representatives(identifiers, table)
+    used = _used_colours(identifiers, table)
+    arrangements = np.ones(len(used), np.int64)  # 9! / (9 - u)!
+    for i in range(NUM_COLOURS - 1):
+        arrangements *= np.where(i < used.sum(1), NUM_COLOURS - 1 - i, 1)
+    return reps, used, reps.sum(1) * arrangements
+
+
 def distinct_versions(identifiers: np.ndarray, table: TaskTable) -> np.ndarray:
     """[B] int64: how many different augmented tasks (all grids) the transforms give each task.
 
     Transforms g, h give the same task when h^-1 g is a symmetry of it, so the versions are the
     cosets: (8 / dihedral symmetries) * 9! / (9 - u)! for u used colours among 1-9."""
-    reps = _coset_representatives(identifiers, table).sum(1)
-    used = _used_colours(identifiers, table).sum(1)
-    arrangements = np.ones(len(used), np.int64)
-    for i in range(NUM_COLOURS - 1):
-        arrangements *= np.where(i < used, NUM_COLOURS - 1 - i, 1)
-    return reps * arrangements
+    return _task_versions(identifiers, table)[2]
 
 
 def _permute_below(x: np.ndarray, size: np.ndarray, keys: np.ndarray) -> np.ndarray:
@@ -204,23 +210,33 @@ def version_index(identifiers: np.ndarray, aug_index: np.ndarray, table: TaskTab
     return np.asarray(aug_index).astype(np.int64) % distinct_versions(identifiers, table)
 
 
-def draw_transforms(identifiers: np.ndarray, aug_index: np.ndarray, seed: int,
-                    table: TaskTable) -> tuple[np.ndarray, np.ndarray]:
-    """(dihedral [B], colour permutation [B, 10]) of each (task identifier, aug index) row.
+def _draw_distinct(identifiers: np.ndarray, aug_index: np.ndarray, seed: int,
+                   table: TaskTable) -> tuple[np.ndarray, np.ndarray]:
+    """(dihedral [B], colour permutation [B, 10]) of (task identifier, aug index) rows.
 
     Version v = version_index is coset c of the task's symmetries: c = 0 (the identity) for
     v = 0, else 1 + a keyed bijection of v - 1 over the other cosets, so the first
-    distinct_versions indices of a task give different augmented tasks. Coset c is (c // A)-th
-    coset representative dihedral, and the c % A-th arrangement of the used colours."""
-    versions = distinct_versions(identifiers, table)  # [B]
-    v = version_index(identifiers, aug_index, table)
+    distinct_versions indices of a task give different augmented tasks. Coset c is the
+    (c // A)-th coset representative dihedral with the (c % A)-th of the A arrangements of the
+    used colours."""
+    reps, used, versions = _task_versions(identifiers, table)  # [B, 8], [B, 9], [B]
+    v = aug_index % versions  # version_index
     keys = row_keys(identifiers, np.zeros_like(v), seed)  # [B] one key per (seed, task)
     coset = np.where(v > 0, 1 + _permute_below(np.maximum(v - 1, 0), np.maximum(versions - 1, 1),
                                                keys), 0)
-    reps = _coset_representatives(identifiers, table)  # [B, 8]
     arrangements = versions // reps.sum(1)
     d = np.argmax(np.cumsum(reps, axis=1) > (coset // arrangements)[:, None], axis=1)
-    return d, _arrangement(coset % arrangements, _used_colours(identifiers, table))
+    return d, _arrangement(coset % arrangements, used)
+
+
+def draw_transforms(identifiers: np.ndarray, aug_index: np.ndarray, seed: int,
+                    table: TaskTable) -> tuple[np.ndarray, np.ndarray]:
+    """(dihedral [B], colour permutation [B, 10]) of each (task identifier, aug index) row, drawn
+    once per distinct (task, aug index): a block repeats each about pairs-per-task times."""
+    pair = np.asarray(identifiers).astype(np.int64) << 32 | np.asarray(aug_index).astype(np.int64)
+    unique, inverse = np.unique(pair, return_inverse=True)
+    d, perm = _draw_distinct(unique >> 32, unique & 0xFFFFFFFF, seed, table)
+    return d[inverse], perm[inverse]
 
 
 def few_versions(table: TaskTable, num_augmentations: int) -> dict[str, int]:

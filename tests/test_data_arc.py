@@ -185,8 +185,53 @@ def test_augment_then_invert_gives_the_original_on_real_tasks(small):
             assert not same, (ident, a)
 
 
-def test_duplicates_of_the_original_are_skipped(tmp_path):
-    # one colour, symmetric grids: (d, p) reproduces the task exactly when p keeps colour 1
+def _version_grids(task: dict, solutions: list, d: np.ndarray, perm: np.ndarray) -> list[bytes]:
+    """Every grid of a task (demonstrations, then tests) under each transform (d [V], perm [V, 10]),
+    as one bytes key per version: the augmented task the versions must not repeat."""
+    grids = [np.array(g, np.uint8) for p in task["train"] for g in (p["input"], p["output"])]
+    grids += [np.array(g, np.uint8) for p, s in zip(task["test"], solutions)
+              for g in (p["input"], s)]
+
+    def key(dv: int, pv: np.ndarray) -> bytes:
+        moved = [arc.dihedral(pv[g], dv) for g in grids]
+        return b"|".join(m.tobytes() + bytes(m.shape) for m in moved)
+
+    return [key(int(dv), pv) for dv, pv in zip(d, perm)]
+
+
+# few colours: 9 to 576 distinct versions, where 1,001 independent draws repeat many
+FEW_VERSION_TASKS = {"training": ["6f8cd79b", "28e73c20", "f8a8fe49"],
+                     "evaluation": ["332efdb3", "0b17323b"]}
+
+
+@pytest.fixture(scope="module")
+def few_colours(real, tmp_path_factory) -> Path:
+    picked = {sub: ({n: real[sub][0][n] for n in names}, {n: real[sub][1][n] for n in names})
+              for sub, names in FEW_VERSION_TASKS.items()}
+    src = _kaggle(tmp_path_factory.mktemp("few-src"), picked)
+    out = tmp_path_factory.mktemp("few") / "arc"
+    arc.build(out, src, ["training", "evaluation"], "evaluation")
+    return out
+
+
+def test_versions_of_real_tasks_are_distinct_augmented_tasks(real, few_colours, small):
+    for folder, k in ((few_colours, 1001), (small, 200)):
+        table = arc.load_tasks(folder)
+        for t, record in enumerate(table.records, start=1):
+            versions = int(arc_augment.distinct_versions(np.array([t]), table)[0])
+            d, perm = arc_augment.draw_transforms(np.full(k, t), np.arange(k), 4, table)
+            assert d[0] == 0 and (perm[0] == np.arange(10)).all() and (perm[:, 0] == 0).all()
+            challenges, solutions = real[record["subset"]]
+            got = _version_grids(challenges[record["name"]], solutions[record["name"]], d, perm)
+            # all different up to the task's count, then the same versions again in order
+            assert len(set(got[:versions])) == min(versions, k), record["name"]
+            assert got[versions:] == got[:max(k - versions, 0)], record["name"]
+    assert arc_augment.few_versions(arc.load_tasks(few_colours), 1001) == {
+        "6f8cd79b": 18, "28e73c20": 72, "f8a8fe49": 576, "332efdb3": 9, "0b17323b": 288}
+
+
+def test_a_task_with_few_versions_gets_them_all_then_repeats(tmp_path):
+    # colour 1 only (0 is fixed), grids symmetric under d = 0, 2, 6, 7: 2 x 9 = 18 versions
     task = {"train": [{"input": [[1, 1], [1, 1]], "output": [[1]]}],
             "test": [{"input": [[0, 1], [1, 0]], "output": [[1]]}]}
     (tmp_path / "src" / "training").mkdir(parents=True)
@@ -194,12 +239,31 @@ def test_duplicates_of_the_original_are_skipped(tmp_path):
     arc.build(tmp_path / "d", tmp_path / "src", ["training"], "training")
     table = arc.load_tasks(tmp_path / "d")
     assert table.possible[1].tolist() == [True, False, True, False, False, False, True, True]
-    aug = np.arange(1, 400)
-    d, perm = arc_augment.draw_transforms(np.ones(len(aug), np.int64), aug, 0, table)
-    dup = np.isin(d, [0, 2, 6, 7]) & (perm[:, 1] == 1)
-    assert not dup.any()
-    assert (perm[:, 1] == 1).any()  # keeping colour 1 is fine under the other dihedrals
-    assert (perm[:, 0] == 0).all()
+    k = 40
+    aug = np.arange(k)
+    d, perm = arc_augment.draw_transforms(np.ones(k, np.int64), aug, 0, table)
+    got = _version_grids(task, [p["output"] for p in task["test"]], d, perm)
+    assert len(set(got[:18])) == 18 and got[18:] == got[:k - 18]
+    assert got[0] not in got[1:18]  # the original is index 0 only, until the versions run out
+    _, _, ids = arc_augment.augment(*(np.zeros((k, 900), np.int8),) * 2, np.ones(k, np.int64),
+                                    np.zeros(k, np.int64), aug, 0, table, k, False)
+    assert np.array_equal(ids, 1 + aug % 18)  # a repeated version shares its puzzle identifier
+    assert arc_augment.few_versions(table, 18) == {}
+    assert arc_augment.few_versions(table, 19) == {"sym": 18}
+    # determinism: the same seed gives the same versions; another seed, the same 18 in another order
+    again = arc_augment.draw_transforms(np.ones(k, np.int64), aug, 0, table)
+    assert np.array_equal(again[0], d) and np.array_equal(again[1], perm)
+    other = _version_grids(task, [p["output"] for p in task["test"]],
+                           *arc_augment.draw_transforms(np.ones(18, np.int64), aug[:18], 1, table))
+    assert set(other) == set(got[:18]) and other != got[:18] and other[0] == got[0]
+
+
+def test_dihedral_product_table():
+    grid = np.arange(6, dtype=np.uint8).reshape(2, 3)
+    for d in range(8):
+        for s in range(8):
+            want = arc.dihedral(grid, arc_augment.DIHEDRAL_PRODUCT[d][s])
+            assert np.array_equal(arc.dihedral(arc.dihedral(grid, s), d), want)
 
 
 def test_translation_moves_input_and_label_together(small):

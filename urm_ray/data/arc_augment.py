@@ -1,10 +1,14 @@
 """ARC augmentation on 30x30 canvases, vectorised over rows, and its inverse for evaluation.
 
 Augmentation index `a` of task `t` (puzzle identifier 1 + t) is one of the 8 dihedral transforms
-plus a permutation of colours 1-9 (0 stays), drawn from the counter-based key of (seed, 1 + t, a):
-every pair of the task gets the same transform, in any batch, worker or epoch. Index 0 is the
-original; for a > 0, draws that reproduce the original task exactly (per `arc_tasks.json`'s
-symmetries) are skipped. The augmented pair has its own puzzle identifier
+plus a permutation of colours 1-9 (0 stays), the same for every pair of the task, in any batch,
+worker or epoch. As in the official builder, a task's versions are distinct augmented tasks (all
+its grids), not just distinct transforms: transforms that differ by one of the task's symmetries
+(`arc_tasks.json`'s invariants) give the same grids, so each index names one coset of the
+symmetries, in an order keyed by (seed, 1 + t). Index 0 is the original; indices
+1..distinct_versions-1 are the other versions, each once; a task with fewer versions than K
+(few colours, symmetric grids) repeats them in that order. The augmented pair has its own puzzle
+identifier (a repeated version shares its first one)
 
     1 + t * K + a        K = num_augmentations, table size 1 + T * K
 
@@ -22,13 +26,17 @@ import functools
 
 import numpy as np
 
-from urm_ray.data.augment import random_bits, random_permutations, row_keys
+from urm_ray.data.augment import mix, random_bits, row_keys
 from urm_ray.data.tasks.arc import (
     COLOUR_OFFSET, DIHEDRAL_INVERSE, EOS, IGNORE_LABEL, NUM_COLOURS, PAD, SEQ_LEN, SIDE, TaskTable,
 )
 
-MAX_DRAWS = 16  # redraws of a transform that reproduces the original (fully symmetric tasks keep
-                # the last draw: every transform of such a task is the original)
+# d.s of dihedrals d, s: dihedral(dihedral(grid, s), d) == dihedral(grid, DIHEDRAL_PRODUCT[d][s])
+DIHEDRAL_PRODUCT = (
+    (0, 1, 2, 3, 4, 5, 6, 7), (1, 2, 3, 0, 6, 7, 5, 4), (2, 3, 0, 1, 5, 4, 7, 6),
+    (3, 0, 1, 2, 7, 6, 4, 5), (4, 7, 5, 6, 0, 2, 3, 1), (5, 6, 4, 7, 2, 0, 1, 3),
+    (6, 4, 7, 5, 1, 3, 0, 2), (7, 5, 6, 4, 3, 1, 2, 0),
+)
 _I, _J = np.indices((SIDE, SIDE))  # [30, 30] row and column of each canvas cell
 _TRANSPOSING = np.array([False, True, False, True, False, False, True, True])
 
@@ -119,30 +127,124 @@ def translate(canvases: np.ndarray, dr: np.ndarray, dc: np.ndarray, pad: int) ->
     return _gather(canvases, _cell_tables()[1][dr, dc], pad)
 
 
+def _coset_representatives(identifiers: np.ndarray, table: TaskTable) -> np.ndarray:
+    """[B, 8] bool: dihedral d is the smallest of its left coset d.S, S = the dihedrals under
+    which (with some colour permutation) the task is its own image; d = 0 is always one."""
+    symmetric = table.possible[identifiers] | (np.arange(8) == 0)  # [B, 8] S (0 also for row 0)
+    product = np.asarray(DIHEDRAL_PRODUCT)  # [8, 8] d.s
+    outside = product[None] < np.arange(8)[None, :, None]  # [1, 8, 8] d.s sorts before d
+    return ~(outside & symmetric[:, None, :]).any(2)
+
+
+def _used_colours(identifiers: np.ndarray, table: TaskTable) -> np.ndarray:
+    """[B, 9] bool: colours 1-9 that appear in the task's grids."""
+    return table.fixing[identifiers, 0, 1:] >= 0
+
+
+def _task_versions(identifiers: np.ndarray, table: TaskTable
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(coset representatives [B, 8], used colours [B, 9], distinct versions [B]) per row."""
+    reps = _coset_representatives(identifiers, table)
+    used = _used_colours(identifiers, table)
+    arrangements = np.ones(len(used), np.int64)  # 9! / (9 - u)!
+    for i in range(NUM_COLOURS - 1):
+        arrangements *= np.where(i < used.sum(1), NUM_COLOURS - 1 - i, 1)
+    return reps, used, reps.sum(1) * arrangements
+
+
+def distinct_versions(identifiers: np.ndarray, table: TaskTable) -> np.ndarray:
+    """[B] int64: how many different augmented tasks (all grids) the transforms give each task.
+
+    Transforms g, h give the same task when h^-1 g is a symmetry of it, so the versions are the
+    cosets: (8 / dihedral symmetries) * 9! / (9 - u)! for u used colours among 1-9."""
+    return _task_versions(identifiers, table)[2]
+
+
+def _permute_below(x: np.ndarray, size: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """A keyed bijection of range(size) per row, applied to x [B] < size [B]: a 4-round Feistel
+    network on the even number of bits that holds size, cycle-walked back below size (fewer
+    than 4 steps on average, as the network's range is under 4 * size)."""
+    half = ((np.ceil(np.log2(np.maximum(size, 2))).astype(np.int64) + 1) // 2).astype(np.uint64)
+    mask = (np.uint64(1) << half) - np.uint64(1)
+
+    def network(v: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        left, right = v >> half[rows], v & mask[rows]
+        for r in range(4):
+            bits = random_bits(mix(keys[rows], right), 1, salt=3000 + r)[:, 0]
+            left, right = right, left ^ (bits & mask[rows])
+        return (left << half[rows]) | right
+
+    out = network(x.astype(np.uint64), np.arange(len(x)))
+    while (rows := np.flatnonzero(out >= size.astype(np.uint64))).size:
+        out[rows] = network(out[rows], rows)
+    return out.astype(np.int64)
+
+
+def _arrangement(index: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """Colour permutations [B, 10] (0 fixed) from index [B] < 9! / (9 - u)!: the mixed-radix
+    digits of the index pick the image of each used colour in turn, counting from the colour
+    itself among the free ones, so index 0 is the identity; unused colours take the free colours
+    in order (they change no grid)."""
+    n = len(index)
+    order = np.argsort(~used, axis=1, kind="stable") + 1  # [B, 9] used colours, then unused
+    num_used = used.sum(1)
+    perm = np.zeros((n, NUM_COLOURS), np.int64)
+    taken = np.zeros((n, NUM_COLOURS - 1), bool)  # [B, 9] colours 1-9 already an image
+    targets = np.arange(1, NUM_COLOURS)  # [9]
+    rows = np.arange(n)
+    for i in range(NUM_COLOURS - 1):
+        picking = i < num_used
+        start = np.where(picking, order[:, i], 1)[:, None]
+        free_first = np.argsort(np.where(taken, 99, (targets - start) % 9), axis=1, kind="stable")
+        digit = np.where(picking, index % (NUM_COLOURS - 1 - i), 0)
+        index = np.where(picking, index // (NUM_COLOURS - 1 - i), index)
+        image = free_first[rows, digit]  # [B] in 0..8 = colour - 1
+        perm[rows, order[:, i]] = image + 1
+        taken[rows, image] = True
+    return perm
+
+
+def version_index(identifiers: np.ndarray, aug_index: np.ndarray, table: TaskTable) -> np.ndarray:
+    """[B] which of its task's distinct versions aug index a is: a mod distinct_versions, so a
+    task with fewer versions than K repeats them in order, no more often than it must."""
+    return np.asarray(aug_index).astype(np.int64) % distinct_versions(identifiers, table)
+
+
+def _draw_distinct(identifiers: np.ndarray, aug_index: np.ndarray, seed: int,
+                   table: TaskTable) -> tuple[np.ndarray, np.ndarray]:
+    """(dihedral [B], colour permutation [B, 10]) of (task identifier, aug index) rows.
+
+    Version v = version_index is coset c of the task's symmetries: c = 0 (the identity) for
+    v = 0, else 1 + a keyed bijection of v - 1 over the other cosets, so the first
+    distinct_versions indices of a task give different augmented tasks. Coset c is the
+    (c // A)-th coset representative dihedral with the (c % A)-th of the A arrangements of the
+    used colours."""
+    reps, used, versions = _task_versions(identifiers, table)  # [B, 8], [B, 9], [B]
+    v = aug_index % versions  # version_index
+    keys = row_keys(identifiers, np.zeros_like(v), seed)  # [B] one key per (seed, task)
+    coset = np.where(v > 0, 1 + _permute_below(np.maximum(v - 1, 0), np.maximum(versions - 1, 1),
+                                               keys), 0)
+    arrangements = versions // reps.sum(1)
+    d = np.argmax(np.cumsum(reps, axis=1) > (coset // arrangements)[:, None], axis=1)
+    return d, _arrangement(coset % arrangements, used)
+
+
 def draw_transforms(identifiers: np.ndarray, aug_index: np.ndarray, seed: int,
                     table: TaskTable) -> tuple[np.ndarray, np.ndarray]:
-    """(dihedral [B], colour permutation [B, 10]) of each (task identifier, aug index) row.
+    """(dihedral [B], colour permutation [B, 10]) of each (task identifier, aug index) row, drawn
+    once per distinct (task, aug index): a block repeats each about pairs-per-task times."""
+    pair = np.asarray(identifiers).astype(np.int64) << 32 | np.asarray(aug_index).astype(np.int64)
+    unique, inverse = np.unique(pair, return_inverse=True)
+    d, perm = _draw_distinct(unique >> 32, unique & 0xFFFFFFFF, seed, table)
+    return d[inverse], perm[inverse]
 
-    Index 0 is the identity. Other indices redraw (up to MAX_DRAWS times) while the transform
-    reproduces the original task: same dihedral symmetry and same colours on the used colours."""
-    n = len(identifiers)
-    d = np.zeros(n, np.int64)
-    perm = np.tile(np.arange(NUM_COLOURS), (n, 1))
-    keys = row_keys(identifiers, aug_index, seed)  # [B]
-    todo = np.asarray(aug_index) != 0
-    for draw in range(MAX_DRAWS):
-        rows = np.flatnonzero(todo)
-        if not len(rows):
-            break
-        k = keys[rows]
-        dd = (random_bits(k, 1, salt=2 * draw + 1)[:, 0] % np.uint64(8)).astype(np.int64)
-        pp = np.concatenate([np.zeros((len(rows), 1), np.int64),
-                             1 + random_permutations(k, NUM_COLOURS - 1, salt=2 * draw + 2)], 1)
-        d[rows], perm[rows] = dd, pp
-        ids = identifiers[rows]
-        fixing = table.fixing[ids, dd]  # [R, 10]
-        todo[rows] = table.possible[ids, dd] & ((fixing < 0) | (fixing == pp)).all(1)
-    return d, perm
+
+def few_versions(table: TaskTable, num_augmentations: int) -> dict[str, int]:
+    """Task name -> distinct versions, for the tasks with fewer than `num_augmentations`."""
+    identifiers = np.arange(1, len(table.records) + 1)
+    versions = distinct_versions(identifiers, table)
+    return {table.name(int(t)): int(n) for t, n in zip(identifiers, versions)
+            if n < num_augmentations}
 
 
 def identifiers_for(identifiers: np.ndarray, aug_index: np.ndarray, num_augmentations: int
@@ -169,7 +271,8 @@ def augment(inputs: np.ndarray, labels: np.ndarray, identifiers: np.ndarray, pai
         in_cells, out_cells = _shifted(in_cells, dr, dc), _shifted(out_cells, dr, dc)
     inputs = relabel(_gather(inputs, in_cells, PAD), perm)
     labels = relabel(_gather(labels, out_cells, IGNORE_LABEL), perm)
-    return inputs, labels, identifiers_for(identifiers, aug_index, num_augmentations)
+    versions = version_index(identifiers, aug_index, table)  # a repeated version, its first row
+    return inputs, labels, identifiers_for(identifiers, versions, num_augmentations)
 
 
 def invert(predictions: np.ndarray, identifiers: np.ndarray, aug_index: np.ndarray, seed: int,

@@ -37,6 +37,11 @@ def row_keys(puzzle_index: np.ndarray, aug_index: np.ndarray, seed: int) -> np.n
     return _splitmix64(key ^ np.asarray(aug_index).astype(np.uint64))
 
 
+def mix(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """[B] uint64 key of each (key, value) row: a keyed hash of the values."""
+    return _splitmix64(keys ^ _splitmix64(np.asarray(values).astype(np.uint64)))
+
+
 def random_bits(keys: np.ndarray, count: int, salt: int) -> np.ndarray:
     """[B, count] uint64 pseudo-random words of each row; `salt` separates independent draws."""
     counters = np.arange(count, dtype=np.uint64) + np.uint64(salt) * np.uint64(1 << 32)  # [count]

@@ -23,6 +23,7 @@ in any case.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import warnings
 from collections.abc import Iterable
@@ -45,6 +46,8 @@ from urm_ray.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
+
+logger = logging.getLogger("urm_ray.data")
 
 # Puzzles per map_batches call; each call's rows are put in a seeded random order.
 MAP_BATCH_PUZZLES = 4096
@@ -155,12 +158,26 @@ def _augment_arc_block(
             "puzzle_index": puzzle_index, "aug_index": aug_index}
 
 
+def _log_few_versions(table: arc.TaskTable, num_augmentations: int) -> None:
+    """Logs the tasks whose K aug indices must repeat versions. Logged here, not stored with the
+    dataset: the count depends on K, which the run chooses (data.num_augmentations)."""
+    few = arc_augment.few_versions(table, num_augmentations)
+    if few:
+        by_count = sorted(few.items(), key=lambda item: item[1])
+        fewest = ", ".join(f"{name} ({n})" for name, n in by_count[:5])
+        logger.info("arc: %d of %d tasks have fewer distinct augmented versions than"
+                    " data.num_augmentations=%d and repeat them in order; fewest: %s",
+                    len(few), len(table.records), num_augmentations, fewest)
+
+
 def _arc_train_dataset(cfg: DataConfig) -> ray.data.Dataset:
     """ARC training rows, aug-index-major: the stored pairs are few (thousands) and K large (1000
     in the papers), so each map task applies a block of aug indices to every stored pair; the
     stream then mixes all tasks from the first batch on."""
     stored = read_split(cfg.path, "train")
-    tasks = dataclasses.replace(arc.load_tasks(cfg.path), records=[])  # arrays only
+    table = arc.load_tasks(cfg.path)
+    _log_few_versions(table, cfg.num_augmentations)
+    tasks = dataclasses.replace(table, records=[])  # arrays only
     per_block = max(1, ARC_ROWS_PER_BLOCK // max(len(stored["inputs"]), 1))
     num_blocks = len(_aug_blocks(cfg.num_augmentations, per_block, cfg.shuffle_seed))
     ds = ray.data.range(num_blocks, override_num_blocks=num_blocks)

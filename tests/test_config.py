@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from urm_ray.config import apply_overrides, build_config, flatten, load_config, preset_names, replace
+from urm_ray.config import apply_overrides, build_config, flatten, load_config, preset_names, replace, with_values
 from urm_ray.data.config import DataConfig
 from urm_ray.errors import ConfigError
 from urm_ray.tune.space import load_space, shipped_spaces
@@ -162,3 +162,10 @@ def test_search_spaces_warn_about_nothing(name):
     space = _quiet(lambda: load_space(name))
     for point in space.spec.start_from:  # the trials a sweep starts with
         _quiet(lambda: space.trial_config(point))
+
+
+def test_overrides_set_dict_values_but_never_replace_a_section():
+    cfg = build_config(apply_overrides(BASE, ["train.worker_resources={accelerator_type:A100: 1}"]))
+    assert cfg.train.worker_resources == {"accelerator_type:A100": 1}
+    with pytest.raises(ConfigError, match="train: give dotted keys"):
+        with_values(BASE, {"train": {"steps": 600}})

@@ -180,7 +180,7 @@ def with_values(data: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     """A copy of a nested dict with dotted ``values`` set, keeping key order (params are ordered)."""
     out = copy.deepcopy(data)
     for key, value in values.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and "." not in str(key):  # would replace the whole section
             raise ConfigError(f"{key}: give dotted keys (train.steps: 600), not a nested section")
         node = out
         *parents, leaf = str(key).split(".")

@@ -108,7 +108,7 @@ def train(args: list[str], env: dict[str, str], timeout: float = 420) -> dict:
     cmd = [sys.executable, "-m", "urm_ray.cli", "train", "sudoku4-urm", *args]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(done.stdout)  # stdout holds the summary alone
+    return json.loads(done.stdout[done.stdout.rfind("\n{\n") + 1:])  # the summary is last
 
 
 @pytest.fixture(scope="module")

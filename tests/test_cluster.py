@@ -347,7 +347,7 @@ def test_scale_up_grows_an_autoscaling_cluster(tmp_path: Path):
         grown = subprocess.run([*train, "--scale-up", "120"], env=job_env, capture_output=True,
                                text=True, timeout=400)
         assert grown.returncode == 0, grown.stdout[-2000:] + grown.stderr[-3000:]
-        assert json.loads(grown.stdout)["step"] == 2
+        assert json.loads(grown.stdout[grown.stdout.rfind("\n{\n") + 1:])["step"] == 2
         print(f"scale-up run {time.monotonic() - start:.0f} s")
     finally:
         stop_group(head)

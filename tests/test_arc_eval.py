@@ -115,6 +115,35 @@ def test_voting_outvotes_a_minority_of_wrong_augmentations(dataset):
     assert fewer["arc/pass_at_2"] == 0.0 and fewer["arc/augmentations"] == 2
 
 
+def test_a_task_with_fewer_versions_than_views_votes_each_version_once(tmp_path):
+    """A one-colour task symmetric under all 8 dihedrals has 9 distinct versions; with 12 views its
+    aug indices 9-11 would repeat versions 0-2. Wrong answers on versions 0-2 lose 3 to 6 only
+    when each version votes once (twice, they would tie 6 to 6 and the first seen, wrong, wins)."""
+    ring_in, ring_out = [[0, 0, 0], [0, 1, 0], [0, 0, 0]], [[1, 1, 1], [1, 0, 1], [1, 1, 1]]
+    ring = {"train": [{"input": ring_in, "output": ring_out}, {"input": ring_out, "output": ring_in}],
+            "test": [{"input": ring_in, "output": ring_out}]}
+    challenges = json.loads((ARC_DIR / "arc-agi_evaluation_challenges.json").read_text())
+    solutions = json.loads((ARC_DIR / "arc-agi_evaluation_solutions.json").read_text())
+    other = min(challenges)  # a many-coloured task: every view is a different version
+    task = {"train": challenges[other]["train"],
+            "test": [{"input": t["input"], "output": o}
+                     for t, o in zip(challenges[other]["test"], solutions[other])]}
+    (tmp_path / "src" / "evaluation").mkdir(parents=True)
+    for name, raw in (("ring", ring), (other, task)):
+        (tmp_path / "src" / "evaluation" / f"{name}.json").write_text(json.dumps(raw))
+    arc.build(tmp_path / "arc", tmp_path / "src", subsets=["evaluation"], test_set="evaluation")
+    table = arc.load_tasks(tmp_path / "arc")
+    versions = dict(zip((r["name"] for r in table.records),
+                        arc_augment.distinct_versions(np.array([1, 2]), table).tolist()))
+    assert versions["ring"] == 9 and versions[other] > 12
+    cfg = DataConfig(path=str(tmp_path / "arc"), num_augmentations=12, shuffle_seed=3)
+    report = evaluate_arc(StandIn(_answers(tmp_path / "arc", cfg, lambda a: a % 9 < 3)), cfg,
+                          batch_size=5, pass_ks=(1, 2))
+    assert report["tasks"]["ring"] == {"pass_at_1": 1.0, "pass_at_2": 1.0}
+    assert report["metrics"]["arc/predictions"] == 9 + 12 * len(task["test"])
+    assert report["metrics"]["arc/augmentations"] == 12
+
+
 def test_ranks_sharing_the_pairs_report_what_one_process_does(dataset):
     """Three DDP ranks each vote on a third of the test pairs; gathering their shares gives the
     single-process report (wrong answers in some views, so pass@1 and pass@2 differ by task)."""

@@ -434,6 +434,19 @@ def test_cli_data_arc(real, tmp_path, capsys):
     assert main(["data", "arc", "--source", str(src), "--out", str(tmp_path / "e"),
                  "--subsets", "training", "nope", "--test-set", "training"]) == 2
     assert "unknown subset 'nope'" in capsys.readouterr().err
+    # --tasks N: the first N tasks of each subset in task-id order; more than a subset has fails
+    assert main(["data", "arc", "--source", str(src), "--out", str(tmp_path / "f"),
+                 "--subsets", "evaluation", "--test-set", "evaluation", "--tasks", "1"]) == 0
+    assert "1 tasks" in capsys.readouterr().out
+    first = sorted(real["evaluation"][0])[0]
+    assert [r["name"] for r in arc.load_tasks(tmp_path / "f").records] == [first]
+    assert store.read_metadata(tmp_path / "f").build["arguments"]["num_tasks"] == 1
+    for bad, message in (("3", "num_tasks=3 is more than the 2 tasks of subset 'training'"),
+                         ("-1", "num_tasks=-1 must be an int >= 0")):
+        assert main(["data", "arc", "--source", str(src), "--out", str(tmp_path / "g"),
+                     "--tasks", bad]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "g").exists()
 
 
 # --- the Ray Data stream and `urm-ray eval` (slow: Ray, MLflow) ------------------------------------

@@ -6,6 +6,7 @@
   dataset input, and the checkpoint evaluates offline to the same score;
 - checkpointing and resuming a run of 2 DDP (gloo) workers (same MLflow run, right step) is
   tested with S3 storage and an MLflow server in ``test_cloud.py``;
+- the arc-tiny preset, at tiny sizes for a few steps, logs arc/pass_at_2 by voting;
 - bad configs (missing dataset, unplaceable workers) fail before any work.
 """
 
@@ -155,6 +156,29 @@ def test_a_diverging_run_fails_with_its_reason_and_no_checkpoint(ray_local, tmp_
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert "config.yaml" in {a.path for a in client.list_artifacts(run.info.run_id)}
     assert [i.dataset.name for i in client.get_run(run.info.run_id).inputs.dataset_inputs] == ["sudoku4"]
+
+
+def test_arc_tiny_trains_and_logs_pass_at_2(ray_local, tmp_path: Path, capsys):
+    """The arc-tiny preset on its README recipe (first evaluation tasks, their test pairs held out),
+    at tiny sizes for a few steps: the run votes over augmented views and MLflow has pass@2."""
+    from urm_ray.cli import main
+
+    arc_dir = Path(__file__).resolve().parent / "fixtures" / "arc-agi"
+    assert main(["data", "arc", "--source", str(arc_dir), "--out", str(tmp_path / "arc"),
+                 "--subsets", "evaluation", "--test-set", "evaluation", "--tasks", "3"]) == 0
+    assert "3 tasks" in capsys.readouterr().out
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["train", "arc-tiny", f"data.path={tmp_path / 'arc'}", "data.num_augmentations=2",
+                 "model.hidden_size=16", "model.num_heads=2", "model.num_layers=1",
+                 "model.max_segments=2", "model.puzzle_emb_dim=16", "train.steps=4",
+                 "train.global_batch_size=4", "train.log_every=2", "train.eval_arc_views=2",
+                 "train.eval_batch_size=8", f"train.storage_path={tmp_path / 'runs'}",
+                 f"tracking.tracking_uri={uri}", "tracking.experiment=test"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    metrics = MlflowClient(uri).get_run(summary["mlflow_run_id"]).data.metrics
+    assert 0.0 <= metrics["arc/pass_at_2"] <= 1.0 and metrics["arc/pass_at_1"] <= metrics["arc/pass_at_2"]
+    assert metrics["arc/tasks"] == 3 and metrics["arc/predictions"] == 2 * metrics["arc/test_pairs"]
+    assert "eval/exact_accuracy" in metrics
 
 
 def test_ctrl_c_closes_the_run_killed(tmp_path: Path, sudoku4: Path):

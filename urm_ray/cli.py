@@ -87,7 +87,7 @@ def _data_arc(args: argparse.Namespace) -> None:
 
     check_output_folder(args.out, args.overwrite)  # before reading any input
     meta = arc.build(args.out, args.source, subsets=args.subsets, test_set=args.test_set,
-                     prefix=args.prefix, overwrite=args.overwrite)
+                     prefix=args.prefix, overwrite=args.overwrite, num_tasks=args.tasks)
     print(f"wrote {args.out}: {meta.build['num_tasks']} tasks, pairs {meta.build['num_pairs']}")
 
 
@@ -309,6 +309,8 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--test-set", default="evaluation",
                    help="subset whose test pairs are held out (its demonstrations train)")
     a.add_argument("--prefix", default="arc-agi", help="Kaggle file prefix")
+    a.add_argument("--tasks", type=int, default=0, metavar="N",
+                   help="keep the first N tasks of each subset in task-id order (default 0: all)")
     a.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     a.set_defaults(func=_data_arc)
     return parser

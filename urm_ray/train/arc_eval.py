@@ -2,10 +2,12 @@
 and the official evaluator count them.
 
 For every held-out test pair the model runs on K augmented versions (aug indices 0..K-1, the
-transforms and puzzle identifiers training used, no translation). Each prediction is cropped
-(largest top-left rectangle of colour tokens), mapped back through the inverse dihedral and colour
-permutation, and counts as one vote for that grid. Candidates rank by votes, then by the mean
-Q-head halting probability of their votes; pass@k holds when the true output is among the first k.
+transforms and puzzle identifiers training used, no translation); a task with fewer distinct
+versions than K runs on each of them once (the indices beyond would repeat one, voting twice).
+Each prediction is cropped (largest top-left rectangle of colour tokens), mapped back through the
+inverse dihedral and colour permutation, and counts as one vote for that grid. Candidates rank by
+votes, then by the mean Q-head halting probability of their votes; pass@k holds when the true
+output is among the first k.
 A task scores the fraction of its test pairs passed; pass@k is the mean over tasks.
 
 In a training run each DDP rank votes on a share of the test pairs (every view of a pair on the
@@ -152,13 +154,21 @@ def predict(model: nn.Module, batch: dict[str, torch.Tensor], halt_early: bool
             return answers, prob, taken, segments
 
 
-def _rows(stored: dict[str, np.ndarray], num_augmentations: int, batch_size: int
-          ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(stored row, aug index) in batches, pair-major."""
-    total = len(stored["inputs"]) * num_augmentations
-    for start in range(0, total, batch_size):
-        flat = np.arange(start, min(start + batch_size, total))
-        yield flat // num_augmentations, (flat % num_augmentations).astype(np.int32)
+def _views(stored: dict[str, np.ndarray], num_augmentations: int, table: arc.TaskTable
+           ) -> np.ndarray:
+    """[N] views per stored row: K, or fewer for a task with fewer distinct versions (its aug
+    indices from there on repeat versions already seen, which would count their votes twice)."""
+    versions = arc_augment.distinct_versions(stored["puzzle_identifiers"], table)
+    return np.minimum(num_augmentations, versions)
+
+
+def _rows(views: np.ndarray, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(stored row, aug index) in batches, pair-major: row r with aug indices 0 .. views[r] - 1."""
+    rows = np.repeat(np.arange(len(views)), views)
+    first = np.repeat(np.cumsum(views) - views, views)  # where each row's views start
+    aug = (np.arange(len(rows)) - first).astype(np.int32)
+    for start in range(0, len(rows), batch_size):
+        yield rows[start:start + batch_size], aug[start:start + batch_size]
 
 
 def _check(data_cfg: DataConfig, num_augmentations: int, pass_ks: Sequence[int]) -> None:
@@ -179,7 +189,8 @@ def evaluate_arc(model: nn.Module, data_cfg: DataConfig, split: str = "test",
                  gather: Callable[[Share], list[Share]] = lambda share: [share]) -> dict[str, object]:
     """pass@k of `model` (eval mode) on the ARC split by augmentation voting.
 
-    `num_augmentations` (0 = all of data.num_augmentations) versions per test pair. Returns
+    `num_augmentations` (0 = all of data.num_augmentations) versions per test pair, at most the
+    task's distinct versions (`arc_augment.distinct_versions`). Returns
     {"metrics": {...}, "tasks": {name: {pass_at_k}}}; metrics are "arc/pass_at_k", "arc/tasks",
     "arc/test_pairs", "arc/predictions", "arc/mean_segments", "arc/compute_saved". Progress over
     the predictions: a bar on stderr when ``live``, else a log line every few seconds.
@@ -196,9 +207,10 @@ def evaluate_arc(model: nn.Module, data_cfg: DataConfig, split: str = "test",
     this_rank, world = ranks
     mine = {k: v[this_rank::world] for k, v in stored.items()}
     tally = _Tally()
-    progress = Progress(f"eval {split}", len(mine["inputs"]) * num_augmentations,
-                        unit="predictions", every_s=5.0, live=live)
-    for rows, aug in _rows(mine, num_augmentations, batch_size):
+    views = _views(mine, num_augmentations, table)
+    progress = Progress(f"eval {split}", int(views.sum()), unit="predictions", every_s=5.0,
+                        live=live)
+    for rows, aug in _rows(views, batch_size):
         ids = mine["puzzle_identifiers"][rows]
         inputs, _, model_ids = arc_augment.augment(
             mine["inputs"][rows], mine["labels"][rows], ids, mine["puzzle_index"][rows],

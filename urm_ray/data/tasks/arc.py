@@ -20,6 +20,7 @@ numbers went to which split, and its symmetries (used to skip augmentations equa
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -317,12 +318,18 @@ def _collect(tasks: list[Task], test_set: str) -> _Collected:
 
 
 def _read_tasks(source: Path, subsets: list[str], test_set: str, prefix: str,
-                progress_every_s: float) -> tuple[list[Task], list[dict[str, str]]]:
-    """Tasks of every subset, in subset order; a name seen twice keeps the test-set copy (so no
-    test pair leaks into training), else the first."""
+                progress_every_s: float, max_tasks: int = 0
+                ) -> tuple[list[Task], list[dict[str, str]]]:
+    """Tasks of every subset, in subset order (the first `max_tasks` of each by name, 0 = all); a
+    name seen twice keeps the test-set copy (so no test pair leaks into training), else the first."""
     by_subset: dict[str, list[Task]] = {}
     for subset in subsets:
         count, tasks = read_subset(source, subset, prefix)
+        if max_tasks:
+            if max_tasks > count:
+                raise ConfigError(f"num_tasks={max_tasks} is more than the {count} tasks of subset"
+                                  f" {subset!r}: give at most {count}, or 0 for all")
+            count, tasks = max_tasks, itertools.islice(tasks, max_tasks)
         progress = Progress(f"arc {subset}", count, unit="tasks", every_s=progress_every_s)
         by_subset[subset] = []
         for task in tasks:
@@ -351,11 +358,14 @@ def build(
     *,
     prefix: str = "arc-agi",
     overwrite: bool = False,
+    num_tasks: int = 0,
     progress_every_s: float = 5.0,
 ) -> DatasetMeta:
     """Reads `subsets` from `source` and writes splits "train" and "test" plus `arc_tasks.json`.
 
-    Everything is validated before anything is written, and the folder appears atomically."""
+    `num_tasks` > 0 keeps the first `num_tasks` tasks of each subset in task-id order (a small,
+    deterministic dataset, e.g. the arc-tiny preset's). Everything is validated before anything
+    is written, and the folder appears atomically."""
     source = Path(source)
     subsets = list(subsets)
     if not source.is_dir():
@@ -364,7 +374,9 @@ def build(
         raise ConfigError(f"subsets={subsets} must be a non-empty list without repeats")
     if test_set not in subsets:
         raise ConfigError(f"test_set={test_set!r} must be one of the subsets {subsets}")
-    tasks, dropped = _read_tasks(source, subsets, test_set, prefix, progress_every_s)
+    if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 0:
+        raise ConfigError(f"num_tasks={num_tasks!r} must be an int >= 0 (0 = every task)")
+    tasks, dropped = _read_tasks(source, subsets, test_set, prefix, progress_every_s, num_tasks)
     got = _collect(tasks, test_set)
     splits = {
         split: {
@@ -380,7 +392,8 @@ def build(
                 counts["test"])
     build_info = {
         "builder": "arc.build",
-        "arguments": {"subsets": subsets, "test_set": test_set, "prefix": prefix},
+        "arguments": {"subsets": subsets, "test_set": test_set, "prefix": prefix,
+                      "num_tasks": num_tasks},
         "seed": None,
         "source": str(source.resolve()),
         "num_tasks": len(tasks),

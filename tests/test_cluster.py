@@ -255,9 +255,14 @@ def test_sweep_trials_land_on_different_nodes(tmp_path: Path, monkeypatch):
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert '"finished": 2' in done.stdout
-        workers = list_actors(address=f"http://127.0.0.1:{dashboard}",
-                              filters=[("class_name", "=", "RayTrainWorker")], detail=True,
-                              raise_on_missing_output=False)
+        deadline = time.monotonic() + 30
+        while True:  # the State API is eventually consistent: a finished trial's worker can lag
+            workers = list_actors(address=f"http://127.0.0.1:{dashboard}",
+                                  filters=[("class_name", "=", "RayTrainWorker")], detail=True,
+                                  raise_on_missing_output=False)
+            if len(workers) >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         used = {w.node_id for w in workers}
         assert len(workers) == 2 and len(used) == 2, workers
         assert used == {n.node_id for n in nodes}

@@ -49,8 +49,9 @@ def bench_build(source: str, out: Path, subsets: list[str], test_set: str) -> di
 
 def bench_augment(folder: Path, rows: int, slots: int = 1001) -> dict[str, float]:
     """Augmented rows per CPU-second of `arc_augment.augment` (with translation), in-process."""
-    from urm_ray.data import arc_augment, store
+    from urm_ray.data import store
     from urm_ray.data.tasks import arc
+    from urm_ray.data.tasks.arc import augment as arc_augment
 
     table, train = arc.load_tasks(folder), store.read_split(folder, "train")
     rng = np.random.default_rng(0)

@@ -35,7 +35,7 @@ def _sudoku_csv(path: Path, rows: int) -> None:
     questions, solutions = sudoku.generate_puzzles(9, 8, 45, seed=0)
     source = np.arange(rows) % 8
     inputs, labels = augment.augment_batch(
-        "sudoku", questions[source] + 1, solutions[source] + 1, source, np.arange(rows) // 8 + 1, 0
+        sudoku.augment, questions[source] + 1, solutions[source] + 1, source, np.arange(rows) // 8 + 1, 0
     )
     with path.open("w") as out:
         out.write("source,question,answer,rating\n")

@@ -35,7 +35,7 @@ def synthetic_dataset(folder: Path, size: int, blanks: int, rows: int) -> None:
     questions, solutions = sudoku.generate_puzzles(size, 16, blanks, seed=0)
     source = np.arange(rows) % 16
     inputs, labels = augment.augment_batch(
-        "sudoku", questions[source] + 1, solutions[source] + 1, source, np.arange(rows) // 16, 0
+        sudoku.augment, questions[source] + 1, solutions[source] + 1, source, np.arange(rows) // 16, 0
     )
     cols = {
         "inputs": inputs,

@@ -10,11 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from urm_ray.data import arc_augment, store
+from urm_ray.data import store
 from urm_ray.data.config import DataConfig
 from urm_ray.data.tasks import arc
+from urm_ray.data.tasks.arc import augment as arc_augment
+from urm_ray.data.tasks.arc.evaluate import Share, evaluate_arc, pass_at_k, place, task_scores, vote
 from urm_ray.errors import ConfigError
-from urm_ray.train.arc_eval import Share, evaluate_arc, pass_at_k, place, task_scores, vote
 
 # ARC-AGI-1 training + evaluation in the Kaggle layout, as downloaded (all 800 tasks)
 ARC_DIR = Path(__file__).resolve().parent / "fixtures" / "arc-agi"
@@ -222,7 +223,7 @@ def test_in_run_pass_at_k_equals_urm_ray_eval_on_the_checkpoint(dataset, tmp_pat
     folder = tmp_path / "ckpt"
     folder.mkdir()
     checkpoint.save(folder, model, ema, optimizers, checkpoint.Position(step=2), to_dict(cfg))
-    assert offline.is_arc(folder)
+    assert offline.task_of(folder).versioned
     report = offline.evaluate_arc_checkpoint(folder, num_augmentations=3, pass_ks=(1, 2))
     assert in_run["arc/pass_at_2"] == report["metrics"]["arc/pass_at_2"]
     assert in_run == report["metrics"]  # pass@1, pass@2 (k <= max(views, 2)), counts, segments

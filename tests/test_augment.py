@@ -18,7 +18,7 @@ def _augment_all(inputs, labels, num_aug: int, seed: int = 0):
     """Every (puzzle, aug index) pair, puzzle-major."""
     rows = np.repeat(np.arange(len(inputs)), num_aug)
     aug_index = np.tile(np.arange(num_aug), len(inputs))
-    out = augment.augment_batch("sudoku", inputs[rows], labels[rows], rows, aug_index, seed)
+    out = augment.augment_batch(sudoku.augment, inputs[rows], labels[rows], rows, aug_index, seed)
     return out, rows, aug_index
 
 
@@ -50,7 +50,7 @@ def test_rows_are_deterministic_whatever_the_batch():
     (a_inputs, a_labels), rows, aug_index = _augment_all(inputs, labels, 4, seed=3)
     order = np.random.default_rng(0).permutation(len(rows))
     b_inputs, b_labels = augment.augment_batch(
-        "sudoku", inputs[rows[order]], labels[rows[order]], rows[order], aug_index[order], 3
+        sudoku.augment, inputs[rows[order]], labels[rows[order]], rows[order], aug_index[order], 3
     )
     assert np.array_equal(a_inputs[order], b_inputs) and np.array_equal(a_labels[order], b_labels)
     (c_inputs, _), _, _ = _augment_all(inputs, labels, 4, seed=4)
@@ -66,12 +66,14 @@ def test_ignored_labels_and_padding_are_kept():
     assert (aug_labels == -100).sum() == 3 * 3 * 2 and (aug_inputs == 0).sum() == 3 * 2
 
 
-def test_registry():
-    inputs, labels = _tokens(4, 2, 6)
-    out = augment.augment_batch("none", inputs, labels, np.arange(2), np.ones(2, int), 0)
-    assert np.array_equal(out[0], inputs) and np.array_equal(out[1], labels)
-    assert set(augment.AUGMENTATIONS) >= {"none", "sudoku"}
-    with pytest.raises(DataError, match="unknown augmentation 'arc'"):
-        augment.get_augmentation("arc")
+def test_augmented_rows_invert_to_the_originals():
+    inputs, labels = _tokens(6, 4, 16)
+    (aug_inputs, aug_labels), rows, aug_index = _augment_all(inputs, labels, 5)
+    back = augment.invert_batch(sudoku.augment, aug_labels, inputs[rows], labels[rows], rows,
+                                aug_index, 0)
+    assert np.array_equal(back, labels[rows]) and not np.array_equal(aug_labels, labels[rows])
+
+
+def test_bad_board():
     with pytest.raises(DataError, match="seq_len=10"):
-        augment.sudoku(np.ones((1, 10), np.int8), np.ones((1, 10), np.int8), np.zeros(1, np.uint64))
+        sudoku.augment(np.ones((1, 10), np.int8), np.ones((1, 10), np.int8), np.zeros(1, np.uint64))

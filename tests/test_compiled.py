@@ -129,6 +129,6 @@ def test_a_diverging_step_is_flagged_on_the_device_and_stops_the_run():
     with pytest.raises(TrainingDiverged, match=f"non-finite loss at step {int(first)}:"):
         diverging._stop_if_diverged(first)
     healthy._stop_if_diverged(torch.full((), -1))  # nothing seen: no error
-    wrapped = RuntimeError(f"Worker group failed:\n  File x\n{TrainingDiverged(f'non-finite loss at step 7: why')}\n")
+    wrapped = RuntimeError(f"Worker group failed:\n  File x\n{TrainingDiverged('non-finite loss at step 7: why')}\n")
     assert str(TrainingDiverged.find(wrapped)) == "non-finite loss at step 7: why"
     assert TrainingDiverged.find(RuntimeError("other")) is None

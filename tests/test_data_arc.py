@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from urm_ray.cli import main
-from urm_ray.data import arc_augment, store
+from urm_ray.data import store
 from urm_ray.data.tasks import arc
-from urm_ray.data.tasks.verify import arc_exact_match, verifier_for
+from urm_ray.data.tasks.arc import augment as arc_augment
+from urm_ray.data.tasks.arc.evaluate import exact_match
+from urm_ray.data.tasks.verify import verifier_for
 from urm_ray.errors import ConfigError, DataError
 
 # ARC-AGI-1 training + evaluation in the Kaggle layout, as downloaded (all 800 tasks)
@@ -327,8 +329,8 @@ def test_arc_exact_match_verifier():
     wrong_shape = arc.encode(np.array([[1, 2, 0], [3, 4, 0]], np.uint8))
     answers = torch.from_numpy(np.stack([right, noisy.reshape(-1), wrong_colour, wrong_shape]))
     labels = torch.from_numpy(np.stack([label] * 4))
-    assert arc_exact_match(answers, labels).tolist() == [True, True, False, False]
-    with pytest.raises(ConfigError, match="arc_exact_match"):
+    assert exact_match(answers, labels).tolist() == [True, True, False, False]
+    with pytest.raises(ConfigError, match="one right answer per input and no verifier"):
         verifier_for("arc", 900)
 
 

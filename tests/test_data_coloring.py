@@ -66,7 +66,7 @@ def test_too_few_distinct_graphs_is_an_error():
 def test_augmentation_renames_nodes_and_colours_and_stays_proper():
     inputs, labels = _generate(count=16, seed=3)
     index = np.arange(16)
-    aug_in, aug_lab = augment.augment_batch("coloring", inputs, labels, index, index * 0 + 1, 0)
+    aug_in, aug_lab = augment.augment_batch(coloring.augment, inputs, labels, index, index * 0 + 1, 0)
     assert coloring.valid_colorings_mask(aug_lab, aug_in, N).all()
     assert not np.array_equal(aug_in, inputs) and not np.array_equal(aug_lab, labels)
     colour_changed = 0
@@ -82,7 +82,7 @@ def test_augmentation_renames_nodes_and_colours_and_stays_proper():
         colour_changed += not np.array_equal(np.bincount(aug_colours, minlength=K),
                                              np.bincount(colours, minlength=K))
     assert colour_changed > 0  # the colour names were permuted, not only the nodes
-    again = augment.augment_batch("coloring", inputs, labels, index, index * 0 + 1, 0)
+    again = augment.augment_batch(coloring.augment, inputs, labels, index, index * 0 + 1, 0)
     assert np.array_equal(again[0], aug_in) and np.array_equal(again[1], aug_lab)
 
 

@@ -125,7 +125,7 @@ def test_failed_build_leaves_nothing(tmp_path):
 def test_dihedral_augmentation_moves_maze_and_path_together():
     inputs, labels = _generate(count=6, seed=2)
     index = np.arange(6)
-    aug_in, aug_lab = augment.augment_batch("dihedral", inputs, labels, index, index * 0 + 1, 0)
+    aug_in, aug_lab = augment.augment_batch(augment.dihedral, inputs, labels, index, index * 0 + 1, 0)
     assert maze.valid_paths_mask(aug_lab, aug_in, N).all()
     for x, y in zip(aug_in, aug_lab):
         _check_label(x, y, N)

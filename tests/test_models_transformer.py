@@ -65,3 +65,24 @@ def test_act_can_wrap_several_segments(model_batch):
         logits.append(outputs["logits"])
     assert carry.halted.all() and (carry.steps == 3).all()
     assert not torch.equal(logits[0], logits[1])  # later segments re-read the carried state
+
+
+def test_is_urm_with_one_loop(model_batch):
+    from urm_ray.models.urm import URM, URMConfig
+
+    torch.manual_seed(0)
+    transformer = build_model(TransformerConfig(**TINY), TASK).eval()
+    torch.manual_seed(0)
+    urm = build_model(URMConfig(**TINY, ffn="swiglu", loops=1, truncation=0), TASK).eval()
+    assert isinstance(transformer, URM)
+    with torch.no_grad():
+        urm.init_hidden.zero_()  # the only difference: the baseline starts from zeros
+    assert transformer.state_dict().keys() == urm.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(transformer.state_dict().values(),
+                                                 urm.state_dict().values()))
+    batch = model_batch(TASK)
+    _, ours = transformer(transformer.initial_carry(batch), batch)
+    _, theirs = urm(urm.initial_carry(batch), batch)
+    torch.testing.assert_close(ours["logits"], theirs["logits"])
+    with pytest.raises(ConfigError, match="model.loops=4: the transformer makes one pass"):
+        TransformerConfig(**TINY, loops=4)

@@ -161,7 +161,7 @@ def test_generated_maze_labels_pass_and_shifted_paths_fail():
 
 
 def test_registry_errors_and_device():
-    with pytest.raises(ConfigError, match="task 'arc2' has no verifier"):
+    with pytest.raises(ConfigError, match="unknown task 'arc2'"):
         verifier_for("arc2", 900)
     with pytest.raises(ConfigError, match="seq_len=35 is not a square"):
         verifier_for("maze", 35)

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from urm_ray.data.store import check_output_folder
+from urm_ray.data.tasks import registry
 from urm_ray.errors import ConfigError, DataError, TrainingDiverged
 
 
@@ -54,7 +54,7 @@ def _eval(args: argparse.Namespace) -> None:
     from urm_ray.train import offline
 
     live = sys.stderr.isatty()
-    if not offline.is_arc(args.checkpoint):
+    if not offline.task_of(args.checkpoint).versioned:
         init_ray(verbose=args.verbose)  # its split is read with Ray Data
         metrics = offline.evaluate_checkpoint(args.checkpoint, split=args.split,
                                               max_rows=args.max_rows, live=live)
@@ -80,15 +80,6 @@ def _sample(args: argparse.Namespace) -> None:
     if not args.boards:
         report.pop("boards")
     print(json.dumps(report, indent=None if args.boards else 2))
-
-
-def _data_arc(args: argparse.Namespace) -> None:
-    from urm_ray.data.tasks import arc
-
-    check_output_folder(args.out, args.overwrite)  # before reading any input
-    meta = arc.build(args.out, args.source, subsets=args.subsets, test_set=args.test_set,
-                     prefix=args.prefix, overwrite=args.overwrite, num_tasks=args.tasks)
-    print(f"wrote {args.out}: {meta.build['num_tasks']} tasks, pairs {meta.build['num_pairs']}")
 
 
 def _sweep(args: argparse.Namespace) -> None:
@@ -138,103 +129,6 @@ def _final(args: argparse.Namespace) -> None:
                       "model_version": outcome.model_version, **summary}, indent=2))
 
 
-def _data_sudoku(args: argparse.Namespace) -> None:
-    from urm_ray.data.tasks import sudoku
-
-    check_output_folder(args.out, args.overwrite)  # before reading any input
-    if bool(args.train_csv) != bool(args.test_csv):
-        raise ConfigError("--train-csv and --test-csv go together")
-    if args.train_csv:
-        sudoku.build_from_csv(
-            args.out, args.train_csv, args.test_csv, size=args.size, subsample=args.subsample,
-            seed=args.seed, num_augmentations=args.num_augmentations, overwrite=args.overwrite,
-        )
-    else:
-        sudoku.build_generated(
-            args.out, size=args.size, num_train=args.num_train, num_test=args.num_test,
-            blanks=args.blanks, seed=args.seed, num_augmentations=args.num_augmentations,
-            overwrite=args.overwrite,
-        )
-    print(f"wrote {args.out}")
-
-
-def _data_maze(args: argparse.Namespace) -> None:
-    from urm_ray.data.tasks import maze
-
-    check_output_folder(args.out, args.overwrite)  # before reading any input
-    if bool(args.train_csv) != bool(args.test_csv):
-        raise ConfigError("--train-csv and --test-csv go together")
-    if args.train_csv:
-        maze.build_from_csv(args.out, args.train_csv, args.test_csv, overwrite=args.overwrite)
-        print(f"wrote {args.out}")
-        return
-    maze.build_generated(
-        args.out, n=args.size, num_train=args.num_train, num_test=args.num_test,
-        min_path=args.min_path, max_path=args.max_path, loop_prob=args.loop_prob,
-        unique_path=args.unique_path, seed=args.seed, overwrite=args.overwrite,
-    )
-    print(f"wrote {args.out}")
-
-
-def _data_nqueens(args: argparse.Namespace) -> None:
-    from urm_ray.data.tasks import nqueens
-
-    check_output_folder(args.out, args.overwrite)  # before reading any input
-    nqueens.build_unconditional(args.out, n=args.size, repeats=args.repeats, overwrite=args.overwrite)
-    print(f"wrote {args.out}")
-
-
-def _data_coloring(args: argparse.Namespace) -> None:
-    from urm_ray.data.tasks import coloring
-
-    check_output_folder(args.out, args.overwrite)  # before reading any input
-    coloring.build_generated(
-        args.out, n=args.nodes, colors=args.colors, num_train=args.num_train,
-        num_test=args.num_test, edge_prob=args.edge_prob, seed=args.seed, overwrite=args.overwrite,
-    )
-    print(f"wrote {args.out}")
-
-
-def _add_data_parsers(data: argparse._SubParsersAction) -> None:
-    m = data.add_parser("maze", help="generate n x n mazes labelled with their shortest path")
-    m.add_argument("--out", required=True, help="dataset folder to create")
-    m.add_argument("--size", type=int, default=30, help="maze side n (the papers: 30)")
-    m.add_argument("--num-train", type=int, default=1000)
-    m.add_argument("--num-test", type=int, default=1000)
-    m.add_argument("--min-path", type=int, default=110,
-                   help="hardness filter: keep mazes whose shortest path has >= this many moves")
-    m.add_argument("--max-path", type=int, default=0, help="and <= this many (0 = no limit)")
-    m.add_argument("--loop-prob", type=float, default=0.03,
-                   help="chance to knock down each wall between two rooms (more routes)")
-    m.add_argument("--unique-path", action=argparse.BooleanOptionalAction, default=True,
-                   help="keep only mazes with a single shortest path (default: yes)")
-    m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--train-csv", help="convert the official maze CSV (source,question,answer,"
-                                       "rating; cells '# SGo') instead of generating")
-    m.add_argument("--test-csv", help="held-out CSV (with --train-csv)")
-    m.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
-    m.set_defaults(func=_data_maze)
-
-    q = data.add_parser("nqueens", help="every n-queens solution as labels of the empty board")
-    q.add_argument("--out", required=True, help="dataset folder to create")
-    q.add_argument("--size", type=int, default=8, help="board side n")
-    q.add_argument("--repeats", type=int, default=64, help="copies of each solution in train")
-    q.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
-    q.set_defaults(func=_data_nqueens)
-
-    c = data.add_parser("coloring", help="random k-colourable graphs (planted colouring)")
-    c.add_argument("--out", required=True, help="dataset folder to create")
-    c.add_argument("--nodes", type=int, default=12)
-    c.add_argument("--colors", type=int, default=3)
-    c.add_argument("--edge-prob", type=float, default=0.4,
-                   help="chance of an edge between two nodes of different planted colours")
-    c.add_argument("--num-train", type=int, default=5000)
-    c.add_argument("--num-test", type=int, default=500)
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
-    c.set_defaults(func=_data_coloring)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="urm-ray", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -282,37 +176,8 @@ def _parser() -> argparse.ArgumentParser:
     runs.set_defaults(func=_runs)
 
     data = sub.add_parser("data", help="build a dataset").add_subparsers(dest="task", required=True)
-    s = data.add_parser("sudoku", help="generate n x n Sudoku or convert a Sudoku-Extreme CSV")
-    s.add_argument("--out", required=True, help="dataset folder to create")
-    s.add_argument("--size", type=int, default=4, choices=[4, 6, 9])
-    s.add_argument("--num-train", type=int, default=2000)
-    s.add_argument("--num-test", type=int, default=500)
-    s.add_argument("--blanks", type=int, default=8, help="blank cells per generated puzzle")
-    s.add_argument("--train-csv", help="Sudoku-Extreme style CSV (source,question,answer,rating)")
-    s.add_argument("--test-csv", help="held-out CSV (with --train-csv)")
-    s.add_argument("--subsample", type=int, default=0, help="keep N training puzzles (1k setting)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--num-augmentations", type=int, default=0,
-                   help="K augmentations per puzzle the dataset is meant for (recorded in"
-                        " metadata; train with data.num_augmentations=K); 0 = not set")
-    s.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
-    s.set_defaults(func=_data_sudoku)
-    _add_data_parsers(data)
-
-    a = data.add_parser("arc", help="ARC-AGI from Kaggle-combined or per-task JSON files")
-    a.add_argument("--source", required=True,
-                   help="folder with <prefix>_<subset>_challenges.json / _solutions.json, or"
-                        " with one sub-folder of <task>.json files per subset")
-    a.add_argument("--out", required=True, help="dataset folder to create")
-    a.add_argument("--subsets", nargs="+", default=["training", "evaluation"],
-                   help="subsets to include (ARC-AGI-2: training2 evaluation2)")
-    a.add_argument("--test-set", default="evaluation",
-                   help="subset whose test pairs are held out (its demonstrations train)")
-    a.add_argument("--prefix", default="arc-agi", help="Kaggle file prefix")
-    a.add_argument("--tasks", type=int, default=0, metavar="N",
-                   help="keep the first N tasks of each subset in task-id order (default 0: all)")
-    a.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
-    a.set_defaults(func=_data_arc)
+    for task in registry.TASKS.values():
+        task.add_builder(data)
     return parser
 
 

@@ -5,19 +5,22 @@ and every random choice of that row hashes the key with a draw counter. The same
 the same augmentation in any batch, block, worker or epoch, with no RNG state to carry. Augmentation
 index 0 is always the original puzzle.
 
-A task's augmentation is a function `(inputs [B, L], labels [B, L], keys [B] uint64) -> (inputs,
-labels)` in `AUGMENTATIONS`, named by the dataset's `metadata.json` ("none" = identity).
+A task's augmentation (its module's ``augment``, named in the registry) is a function
+`(inputs [B, L], labels [B, L], keys [B] uint64) -> Transform`: cells moved, then tokens renamed,
+both permutations, so every augmented row maps back (`invert_batch`). This module holds the
+shared parts: the keyed randomness, `Transform`, and the dihedral symmetries of square grids.
+ARC augments whole tasks instead (`urm_ray.data.tasks.arc.augment`).
 """
+
+from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from urm_ray.data.tasks.sudoku_solver import BOX_SHAPES
 from urm_ray.errors import DataError
-
-AugmentFn = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -53,50 +56,40 @@ def random_permutations(keys: np.ndarray, size: int, salt: int) -> np.ndarray:
     return np.argsort(random_bits(keys, size, salt), axis=1)
 
 
-def _gather_rows(seq: np.ndarray, src: np.ndarray) -> np.ndarray:
+def gather_cells(seq: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """[B, L]: output cell i of each row takes the row's cell src[b, i]."""
     return np.take_along_axis(seq, src, axis=1)
 
 
-def _relabel(seq: np.ndarray, lut: np.ndarray) -> np.ndarray:
+def relabel(seq: np.ndarray, lut: np.ndarray) -> np.ndarray:
     """Maps tokens through per-row lookup tables [B, V]; negative (ignored) labels are kept."""
     mapped = np.take_along_axis(lut, np.clip(seq, 0, lut.shape[1] - 1).astype(np.int64), axis=1)
     return np.where(seq >= 0, mapped, seq).astype(seq.dtype)
 
 
-def _line_order(keys: np.ndarray, n: int, group: int, salt: int) -> np.ndarray:
-    """[B, n] source line of each output line: shuffled groups of `group` lines, shuffled within."""
-    num_groups = n // group
-    group_perm = random_permutations(keys, num_groups, salt)  # [B, G]
-    inner = np.argsort(
-        random_bits(keys, n, salt + 1).reshape(-1, num_groups, group), axis=2
-    )  # [B, G, group]
-    return (group_perm[:, :, None] * group + inner).reshape(-1, n)
+@dataclass(frozen=True)
+class Transform:
+    """A per-row augmentation as data: cells move, then tokens are renamed. Both are
+    permutations, so the transform inverts exactly (predictions map back to the original puzzle).
+
+    src [B, L] int64: the source cell of each output cell; lut [B, V] int64 or None: the new token
+    of each token (None: tokens kept). Tokens at or above V and negative labels are kept."""
+
+    src: np.ndarray
+    lut: np.ndarray | None = None
+
+    def apply(self, seq: np.ndarray) -> np.ndarray:
+        moved = gather_cells(seq, self.src)
+        return moved if self.lut is None else relabel(moved, self.lut)
+
+    def invert(self, seq: np.ndarray) -> np.ndarray:
+        """The rows whose `apply` is `seq`."""
+        named = seq if self.lut is None else relabel(seq, np.argsort(self.lut, axis=1))
+        return gather_cells(named, np.argsort(self.src, axis=1))
 
 
-def sudoku(
-    inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Digit relabelling, band / stack shuffles, row / column shuffles inside them, and a transpose
-    when boxes are square. Tokens: 0 PAD and 1 blank are fixed, digit tokens 2..n+1 are permuted."""
-    seq_len = inputs.shape[1]
-    n = math.isqrt(seq_len)
-    if n * n != seq_len or n not in BOX_SHAPES:
-        raise DataError(
-            f"sudoku augmentation: seq_len={seq_len} is not a supported board"
-            f" (n*n with n in {sorted(BOX_SHAPES)})"
-        )
-    box_rows, box_cols = BOX_SHAPES[n]
-    rows = _line_order(keys, n, box_rows, salt=1)  # [B, n]
-    cols = _line_order(keys, n, box_cols, salt=3)  # [B, n]
-    src = rows[:, :, None] * n + cols[:, None, :]  # [B, n, n] source cell of each output cell
-    if box_rows == box_cols:
-        transpose = (random_bits(keys, 1, salt=5)[:, 0] & np.uint64(1)).astype(bool)  # [B]
-        src = np.where(transpose[:, None, None], src.transpose(0, 2, 1), src)
-    src = src.reshape(-1, seq_len)  # [B, L]
-    digit_perm = random_permutations(keys, n, salt=6) + 2  # [B, n] new token of digit tokens 2..n+1
-    fixed = np.broadcast_to(np.arange(2), (len(keys), 2))  # PAD and blank map to themselves
-    lut = np.concatenate([fixed, digit_perm], axis=1)  # [B, n + 2]
-    return _relabel(_gather_rows(inputs, src), lut), _relabel(_gather_rows(labels, src), lut)
+# (inputs [B, L], labels [B, L], keys [B] uint64) -> the rows' transform
+TransformFn = Callable[[np.ndarray, np.ndarray, np.ndarray], Transform]
 
 
 def dihedral_sources(n: int) -> np.ndarray:
@@ -109,9 +102,7 @@ def dihedral_sources(n: int) -> np.ndarray:
     return np.stack([v.reshape(-1) for v in views])
 
 
-def dihedral(
-    inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def dihedral(inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray) -> Transform:
     """One of the 7 non-identity symmetries of the square grid per row, the same for input and
     label (mazes: walls, start, goal and path move together; a shortest path stays shortest)."""
     seq_len = inputs.shape[1]
@@ -119,77 +110,38 @@ def dihedral(
     if n * n != seq_len:
         raise DataError(f"dihedral augmentation: seq_len={seq_len} is not a square grid")
     transform = 1 + (random_bits(keys, 1, salt=11)[:, 0] % np.uint64(7)).astype(np.int64)  # [B]
-    src = dihedral_sources(n)[transform]  # [B, L]
-    return _gather_rows(inputs, src), _gather_rows(labels, src)
+    return Transform(dihedral_sources(n)[transform])  # [B, L]
 
 
-def coloring(
-    inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Graph colouring rows (see `tasks.coloring`): the nodes renamed by a random permutation
-    (rows and adjacency columns move together) and the colours renamed by a random permutation
-    of the colours 0..m, m the largest colour in the row (all k of them in a generated label)."""
-    from urm_ray.data.tasks.coloring import COLOR0_TOKEN, num_nodes
-
-    seq_len = inputs.shape[1]
-    n = num_nodes(seq_len)
-    perm = random_permutations(keys, n, salt=21)  # [B, n] source node of each output node
-    columns = np.concatenate([np.zeros((len(keys), 1), np.int64), perm + 1], axis=1)  # [B, n+1]
-    src = (perm[:, :, None] * (n + 1) + columns[:, None, :]).reshape(-1, seq_len)  # [B, L]
-    inputs, labels = _gather_rows(inputs, src), _gather_rows(labels, src)
-    top = np.maximum(inputs.max(axis=1), labels.max(axis=1)).astype(np.int64)  # [B]
-    num_colours = np.maximum(top - COLOR0_TOKEN + 1, 0)  # [B] colours 0..m in use
-    width = int(num_colours.max(initial=0))
-    if width == 0:
-        return inputs, labels
-    colour = np.arange(width, dtype=np.uint64)
-    draws = random_bits(keys, width, salt=23) >> np.uint64(1)  # [B, W] < 2^63
-    fixed = np.uint64(1 << 63) + colour  # colours above m sort last, in order: kept
-    order = np.argsort(
-        np.where(colour[None, :] < num_colours[:, None].astype(np.uint64), draws, fixed), axis=1
-    )  # [B, W]: the first m+1 entries permute 0..m
-    head = np.broadcast_to(np.arange(COLOR0_TOKEN), (len(keys), COLOR0_TOKEN))
-    lut = np.concatenate([head, order + COLOR0_TOKEN], axis=1)  # [B, 4 + W]
-    return _relabel(inputs, lut), _relabel(labels, lut)
-
-
-def identity(
-    inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """No augmentation."""
-    return inputs, labels
-
-
-AUGMENTATIONS: dict[str, AugmentFn] = {
-    "none": identity,
-    "sudoku": sudoku,
-    "dihedral": dihedral,
-    "coloring": coloring,
-}
-
-
-def get_augmentation(name: str) -> AugmentFn:
-    """The registered augmentation `name`; DataError listing the known names otherwise."""
-    if name not in AUGMENTATIONS:
-        raise DataError(f"unknown augmentation {name!r}; expected one of {sorted(AUGMENTATIONS)}")
-    return AUGMENTATIONS[name]
-
-
-def augment_batch(
-    name: str,
-    inputs: np.ndarray,
-    labels: np.ndarray,
-    puzzle_index: np.ndarray,
-    aug_index: np.ndarray,
-    seed: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Applies augmentation `name` to rows [B, L]; rows with aug_index 0 are returned unchanged."""
-    fn = get_augmentation(name)
+def _transforms(fn: TransformFn, inputs: np.ndarray, labels: np.ndarray, puzzle_index: np.ndarray,
+                aug_index: np.ndarray, seed: int) -> tuple[np.ndarray, Transform | None]:
+    """(rows with aug_index > 0, their transform; None when there are none)."""
     rows = np.flatnonzero(np.asarray(aug_index) != 0)
     if len(rows) == 0:
-        return inputs, labels
+        return rows, None
     keys = row_keys(puzzle_index[rows], aug_index[rows], seed)  # [R]
-    new_inputs, new_labels = fn(inputs[rows], labels[rows], keys)
+    return rows, fn(inputs[rows], labels[rows], keys)
+
+
+def augment_batch(fn: TransformFn, inputs: np.ndarray, labels: np.ndarray,
+                  puzzle_index: np.ndarray, aug_index: np.ndarray, seed: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Rows [B, L] through a task's augmentation `fn`; rows with aug_index 0 are returned unchanged."""
+    rows, transform = _transforms(fn, inputs, labels, puzzle_index, aug_index, seed)
+    if transform is None:
+        return inputs, labels
     inputs, labels = inputs.copy(), labels.copy()
-    inputs[rows], labels[rows] = new_inputs, new_labels
+    inputs[rows], labels[rows] = transform.apply(inputs[rows]), transform.apply(labels[rows])
     return inputs, labels
+
+
+def invert_batch(fn: TransformFn, answers: np.ndarray, inputs: np.ndarray, labels: np.ndarray,
+                 puzzle_index: np.ndarray, aug_index: np.ndarray, seed: int) -> np.ndarray:
+    """Answers [B, L] to augmented rows mapped back onto their original puzzles; ``inputs`` and
+    ``labels`` are the original (stored) rows the augmentation was drawn from."""
+    rows, transform = _transforms(fn, inputs, labels, puzzle_index, aug_index, seed)
+    if transform is None:
+        return answers
+    answers = answers.copy()
+    answers[rows] = transform.invert(answers[rows])
+    return answers

@@ -64,7 +64,7 @@ class DatasetMeta:
     seq_len: int
     # rows of the puzzle-embedding table; puzzle_identifiers lie in [0, num_puzzle_identifiers)
     num_puzzle_identifiers: int
-    # name of the on-the-fly augmentation in `urm_ray.data.augment.AUGMENTATIONS` ("none" = none)
+    # the task's on-the-fly augmentation (`PuzzleTask.augmentation` in `tasks.registry`), or "none"
     augmentation: str
     # token id of padding
     pad_id: int = 0

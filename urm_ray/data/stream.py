@@ -4,11 +4,11 @@
            with from_arrow when small (milliseconds), else read_parquet(...).materialize()
       -> map_batches(pyarrow -> numpy, expand, augment)      re-executed on every pass (epoch)
            each puzzle becomes `num_augmentations` rows (aug index 0 = original), augmented with the
-           dataset's augmentation, deterministic per (puzzle_index, aug_index, shuffle_seed), and
-           put in a seeded order inside the block
-    ARC instead: range(blocks) -> map_batches(a block of aug indices applied to every stored
-           pair, see `arc_augment`): one transform per (task, aug index), one puzzle identifier
-           per augmented task, grids translated on the canvas
+           task's augmentation (`tasks.registry`), deterministic per (puzzle_index, aug_index,
+           shuffle_seed), and put in a seeded order inside the block
+    versioned tasks (ARC) instead: range(blocks) -> map_batches(a block of aug indices applied to
+           every stored pair, see `tasks.arc.augment`): one version per (task, aug index), one
+           puzzle identifier per version, grids translated on the canvas
       -> iter_torch_batches(local shuffle seeded by (seed, epoch))
 
 Batches are dicts of tensors: inputs int32 [B, L], labels int64 [B, L], puzzle_identifiers int32
@@ -35,13 +35,19 @@ import pyarrow.parquet as pq
 import ray.data
 from ray.data.collate_fn import NumpyBatchCollateFn
 
-from urm_ray.data import arc_augment
-from urm_ray.data.augment import augment_batch, get_augmentation
+from urm_ray.data.augment import TransformFn, augment_batch
 from urm_ray.data.config import DataConfig
 from urm_ray.data.store import (
-    DatasetMeta, arrow_to_numpy, read_metadata, read_split, split_paths,
+    METADATA_FILE,
+    DatasetMeta,
+    arrow_to_numpy,
+    read_metadata,
+    read_split,
+    split_paths,
 )
-from urm_ray.data.tasks import arc
+from urm_ray.data.tasks import arc, registry
+from urm_ray.data.tasks.arc import augment as arc_augment
+from urm_ray.data.tasks.task import PuzzleTask
 from urm_ray.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -63,15 +69,12 @@ ARC_ROWS_PER_BLOCK = 16384
 
 
 def load_meta(cfg: DataConfig) -> DatasetMeta:
-    """The validated metadata of `cfg.path`."""
+    """The validated metadata of `cfg.path`, its task and augmentation known to the registry."""
     if not cfg.path:
         raise ConfigError("data.path is empty; expected a dataset folder with metadata.json")
-    return read_metadata(cfg.path)
-
-
-def per_augmentation_identifiers(meta: DatasetMeta) -> bool:
-    """True when each (puzzle, aug index) has its own puzzle-embedding row (ARC)."""
-    return meta.augmentation == arc.AUGMENTATION
+    meta = read_metadata(cfg.path)
+    registry.of(meta, f"{cfg.path}/{METADATA_FILE}")
+    return meta
 
 
 def augmentation_slots(cfg: DataConfig) -> int:
@@ -82,9 +85,9 @@ def augmentation_slots(cfg: DataConfig) -> int:
 def puzzle_table_size(meta: DatasetMeta, cfg: DataConfig) -> int:
     """Rows of the model's puzzle-embedding table for this dataset and data config.
 
-    ARC: 1 + tasks * slots (blank row 0, then one row per augmented task, as the official builder
-    numbers them); other tasks: the metadata's count."""
-    if per_augmentation_identifiers(meta):
+    Versioned tasks (ARC): 1 + tasks * slots (blank row 0, then one row per task version, as the
+    official builder numbers them); other tasks: the metadata's count."""
+    if registry.of(meta).versioned:
         return 1 + (meta.num_puzzle_identifiers - 1) * augmentation_slots(cfg)
     return meta.num_puzzle_identifiers
 
@@ -112,7 +115,7 @@ def _read_split(cfg: DataConfig, meta: DatasetMeta, split: str) -> ray.data.Data
 
 
 def _expand_augment(
-    table: pa.Table, augmentation: str, num_augmentations: int, seed: int
+    table: pa.Table, augment: TransformFn | None, num_augmentations: int, seed: int
 ) -> dict[str, np.ndarray]:
     """Stored rows -> `num_augmentations` augmented rows each, in a seeded order in the batch."""
     cols = arrow_to_numpy(table)
@@ -122,9 +125,9 @@ def _expand_augment(
     rows = order // k  # [N*K] source row of each output row
     aug_index = (order % k).astype(np.int32)  # [N*K]
     puzzle_index = cols["puzzle_index"][rows]
-    inputs, labels = augment_batch(
-        augmentation, cols["inputs"][rows], cols["labels"][rows], puzzle_index, aug_index, seed
-    )
+    inputs, labels = cols["inputs"][rows], cols["labels"][rows]
+    if augment is not None:
+        inputs, labels = augment_batch(augment, inputs, labels, puzzle_index, aug_index, seed)
     return {
         "inputs": inputs,  # [N*K, L]
         "labels": labels,  # [N*K, L]
@@ -217,31 +220,39 @@ def warn_if_not_intended(cfg: DataConfig, meta: DatasetMeta) -> None:
 def warn_unused(cfg: DataConfig, meta: DatasetMeta) -> None:
     """Data keys that this dataset gives no effect; the driver calls it where it reads the
     metadata, once per run."""
-    if cfg.translate is True and not per_augmentation_identifiers(meta):
+    if cfg.translate is True and not registry.of(meta).versioned:
         warnings.warn(f"data.translate=true has no effect on {meta.task} data: only ARC grids are "
                       "translated on the canvas", stacklevel=2)
+
+
+def _row_augmentation(cfg: DataConfig, meta: DatasetMeta, task: PuzzleTask) -> TransformFn | None:
+    """The per-row augmentation the stream applies: the task's, unless data.augment is off or the
+    dataset records none."""
+    if not cfg.augment:
+        return None
+    if meta.augmentation == "none" or task.augment is None:
+        if cfg.num_augmentations > 1:
+            warnings.warn(
+                f"{cfg.path} has no augmentation: data.num_augmentations={cfg.num_augmentations}"
+                " repeats each puzzle unchanged",
+                stacklevel=3,
+            )
+        return None
+    return task.augment
 
 
 def train_dataset(cfg: DataConfig) -> ray.data.Dataset:
     """The training split; one pass yields every (puzzle, aug index) pair once."""
     meta = load_meta(cfg)
-    if cfg.augment and per_augmentation_identifiers(meta):
+    task = registry.of(meta)
+    if cfg.augment and task.versioned:
         return _arc_train_dataset(cfg)
-    augmentation = meta.augmentation if cfg.augment else "none"
-    get_augmentation(augmentation)
-    if cfg.augment and meta.augmentation == "none" and cfg.num_augmentations > 1:
-        warnings.warn(
-            f"{cfg.path} has no augmentation: data.num_augmentations={cfg.num_augmentations}"
-            " repeats each puzzle unchanged",
-            stacklevel=2,
-        )
-    warn_if_not_intended(cfg, meta)
-    num_augmentations = cfg.num_augmentations if cfg.augment else 1
     kwargs = {
-        "augmentation": augmentation,
-        "num_augmentations": num_augmentations,
+        "augment": _row_augmentation(cfg, meta, task),
+        "num_augmentations": augmentation_slots(cfg),
         "seed": cfg.shuffle_seed,
     }
+    warn_if_not_intended(cfg, meta)
     return _read_split(cfg, meta, "train").map_batches(
         _expand_augment, batch_format="pyarrow", batch_size=MAP_BATCH_PUZZLES, fn_kwargs=kwargs
     )
@@ -250,7 +261,7 @@ def train_dataset(cfg: DataConfig) -> ray.data.Dataset:
 def eval_dataset(cfg: DataConfig) -> ray.data.Dataset:
     """The original puzzles of `cfg.eval_split`, in stored order."""
     meta = load_meta(cfg)
-    slots = augmentation_slots(cfg) if per_augmentation_identifiers(meta) else 0
+    slots = augmentation_slots(cfg) if registry.of(meta).versioned else 0
     return _read_split(cfg, meta, cfg.eval_split).map_batches(
         _originals, batch_format="pyarrow", batch_size=MAP_BATCH_PUZZLES,
         fn_kwargs={"num_augmentations": slots},

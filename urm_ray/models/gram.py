@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from urm_ray.losses import IGNORE_LABEL_ID, gaussian_kl
 from urm_ray.models.act import State
-from urm_ray.models.layers import Rope, ffn_width, lecun_linear, trunc_normal_
+from urm_ray.models.layers import ffn_width, lecun_linear, trunc_normal_
 from urm_ray.models.recurrent import require
 from urm_ray.models.task import TaskSpec
 from urm_ray.models.trm import TRM, TRMConfig

@@ -1,13 +1,14 @@
-"""Plain (non-looped) Transformer baseline: num_layers blocks applied once per ACT segment.
+"""Plain (non-looped) Transformer baseline: URM with one pass per segment and separate blocks.
 
-Same embedding, blocks and heads as the recurrent families, so comparisons isolate the effect of
-looping. Per segment, with x the input embeddings [B, T, D] and h the carried state:
+A configuration of URM (``loops = 1``, ``truncation = 0``, plain SwiGLU, 8 blocks, one ACT
+segment), so the comparison isolates looping and ConvSwiGLU. Per segment, with x the input
+embeddings [B, T, D] and h the carried state:
 
     h = blocks(h + x)        # every pass carries gradient; nothing is truncated
 
-The state starts at zeros, so with ``max_segments = 1`` (the default) a segment is exactly
-``blocks(x)``, a plain feed-forward Transformer. With more segments ACT re-injects the previous
-segment's output (gradients never cross segments), which is URM with loops=1.
+The state starts at zeros (URM starts from a random offset), so with ``max_segments = 1`` (the
+default) a segment is exactly ``blocks(x)``, a plain feed-forward Transformer. With more segments
+ACT re-injects the previous segment's output (gradients never cross segments).
 """
 
 from __future__ import annotations
@@ -16,21 +17,23 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch import Tensor
 
-from urm_ray.models.act import State
-from urm_ray.models.layers import Rope
-from urm_ray.models.recurrent import RecurrentConfig, RecurrentModel, require
+from urm_ray.models.layers import FFNKind
+from urm_ray.models.recurrent import require
 from urm_ray.models.task import TaskSpec
+from urm_ray.models.urm import URM, URMConfig
 
 
 @dataclass
-class TransformerConfig(RecurrentConfig):
+class TransformerConfig(URMConfig):
     """Baseline hyperparameters; defaults match HRM's total depth (2 x 4 blocks) at width 512."""
 
-    name: Literal["transformer"] = "transformer"
-    # blocks, each with its own weights
+    name: Literal["transformer"] = "transformer"  # type: ignore[assignment]
+    ffn: FFNKind = "swiglu"
+    # blocks, each with its own weights, applied once
     num_layers: int = 8
+    loops: int = 1
+    truncation: int = 0
     # ACT: one segment, i.e. one forward pass per example
     max_segments: int = 1
     # one segment leaves no minimum number of segments to explore
@@ -38,20 +41,14 @@ class TransformerConfig(RecurrentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(self.num_layers >= 1, f"model.num_layers={self.num_layers} must be >= 1")
+        require(self.loops == 1, f"model.loops={self.loops}: the transformer makes one pass per "
+                                 "segment; looping the stack is model.name=urm")
 
 
-class Transformer(RecurrentModel):
+class Transformer(URM):
     """The baseline with the ACT interface: ``carry, outputs = model(carry, batch)``."""
-
-    state_names = ("hidden",)
-    output_state = "hidden"
 
     def __init__(self, config: TransformerConfig, task: TaskSpec) -> None:
         super().__init__(config, task)
-        self.blocks = self.make_stack(config.num_layers)
         with torch.no_grad():
             self.init_hidden.zero_()  # a fresh row computes blocks(x), with no random offset
-
-    def recur(self, state: State, x: Tensor, rope: Rope) -> State:
-        return {"hidden": self.blocks(state["hidden"], x, rope)}

@@ -35,11 +35,12 @@ from urm_ray.cluster import init_ray, scaled_up
 from urm_ray.config import RunConfig, dump_yaml, flatten
 from urm_ray.data import builtin, store, stream
 from urm_ray.data.store import DatasetMeta
+from urm_ray.data.tasks import registry
 from urm_ray.errors import ConfigError, TrainingDiverged
 from urm_ray.progress import Progress
+from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, REASON_TAG
 from urm_ray.train.live import watching
 from urm_ray.train.loop import train_loop_per_worker
-from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, REASON_TAG
 from urm_ray.typed import to_dict
 
 logger = logging.getLogger(__name__)
@@ -184,7 +185,7 @@ def fit(
     cfg = resolve(cfg)
     meta = stream.load_meta(cfg.data)  # a missing or malformed dataset fails here, before Ray starts
     stream.warn_unused(cfg.data, meta)
-    if cfg.train.eval_arc_views and not stream.per_augmentation_identifiers(meta):
+    if cfg.train.eval_arc_views and not registry.of(meta).versioned:
         warnings.warn(f"train.eval_arc_views={cfg.train.eval_arc_views} has no effect on {meta.task} "
                       "data: pass@k by voting over augmented views is for ARC", stacklevel=2)
     logger.info("data: %s", ", ".join(f"{name} {split.num_rows} rows"

@@ -23,6 +23,8 @@ from torch import nn
 
 from urm_ray.config import RunConfig, TrainConfig, build_config
 from urm_ray.data import stream
+from urm_ray.data.tasks import registry
+from urm_ray.data.tasks.arc.evaluate import PASS_KS, evaluate_arc
 from urm_ray.data.tasks.verify import Verifier, optional_verifier, verifier_for
 from urm_ray.errors import TrainingDiverged
 from urm_ray.losses import act_loss
@@ -32,7 +34,6 @@ from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
 from urm_ray.tracking import Tracker, make_tracker
 from urm_ray.train import checkpoint
 from urm_ray.train.checkpoint import Position
-from urm_ray.train.arc_eval import PASS_KS, evaluate_arc
 from urm_ray.train.compiled import compile_enabled, compile_model, compiled_loss
 from urm_ray.train.evaluate import held_out_metrics
 from urm_ray.train.live import Sender
@@ -69,7 +70,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     if getattr(cfg.model, "halt_target", "label") == "verifier":
         trainer.verifier = verifier_for(meta.task, meta.seq_len)
     trainer.eval_verifier = optional_verifier(meta.task, meta.seq_len)
-    if stream.per_augmentation_identifiers(meta):
+    if registry.of(meta).versioned:
         trainer.arc_views = cfg.train.eval_arc_views
     trainer.progress = progress
     trainer.run(position, None if carry is None else carry.to(device))

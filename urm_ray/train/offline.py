@@ -1,6 +1,6 @@
 """Evaluate a saved checkpoint outside Ray Train (``urm-ray eval``), with its EMA weights.
 
-ARC datasets get augmentation voting and pass@k (``arc_eval``); the results go to MLflow as a run
+Versioned tasks (ARC) get augmentation voting and pass@k (``tasks.arc.evaluate``); the results go to MLflow as a run
 named ``<run_name>/eval-<split>``, nested under the training run when that run is found."""
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ import torch
 from urm_ray.config import RunConfig, build_config
 from urm_ray.data import stream
 from urm_ray.data.store import DatasetMeta
+from urm_ray.data.tasks import registry
+from urm_ray.data.tasks.arc.evaluate import PASS_KS, evaluate_arc
+from urm_ray.data.tasks.task import PuzzleTask
 from urm_ray.data.tasks.verify import optional_verifier
 from urm_ray.models.registry import build_model
 from urm_ray.models.task import TaskSpec
 from urm_ray.optim import EMA
 from urm_ray.progress import Progress
 from urm_ray.train import checkpoint
-from urm_ray.train.arc_eval import PASS_KS, evaluate_arc
 from urm_ray.train.evaluate import held_out_metrics
 
 
@@ -93,10 +95,10 @@ def _split_rows(meta: DatasetMeta, split: str, max_rows: int) -> int:
     return min(rows, max_rows) if max_rows else rows
 
 
-def is_arc(folder: str | Path) -> bool:
-    """The checkpoint was trained on an ARC dataset (per-augmentation puzzle identifiers)."""
+def task_of(folder: str | Path) -> PuzzleTask:
+    """The task of the dataset a checkpoint was trained on."""
     cfg = build_config(checkpoint.load_config_dict(Path(folder)))
-    return stream.per_augmentation_identifiers(stream.load_meta(cfg.data))
+    return registry.of(stream.load_meta(cfg.data))
 
 
 def evaluate_arc_checkpoint(folder: str | Path, split: str = "", num_augmentations: int = 0,

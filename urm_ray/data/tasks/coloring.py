@@ -19,6 +19,7 @@ what the augmentation does; for n >= 10 isomorphic repeats are very unlikely).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import math
 import os
@@ -27,7 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from urm_ray.data.store import DatasetMeta, split_chunk_stream, write_dataset_chunks
+from urm_ray.data.augment import Transform, random_bits, random_permutations
+from urm_ray.data.store import (
+    DatasetMeta,
+    check_output_folder,
+    split_chunk_stream,
+    write_dataset_chunks,
+)
+from urm_ray.data.tasks.task import NumpyCheck, PuzzleTask
 from urm_ray.errors import ConfigError, DataError
 from urm_ray.progress import Progress
 
@@ -156,6 +164,67 @@ def build_generated(
             "edge_prob": edge_prob}
     build = {"builder": "coloring.build_generated", "arguments": args, "seed": seed,
              "source": None}
-    meta = DatasetMeta(task="coloring", vocab_size=COLOR0_TOKEN + colors, seq_len=n * (n + 1),
-                       num_puzzle_identifiers=1, augmentation="coloring", build=build)
+    meta = DatasetMeta(task=TASK.name, vocab_size=COLOR0_TOKEN + colors, seq_len=n * (n + 1),
+                       num_puzzle_identifiers=1, augmentation=TASK.augmentation, build=build)
     return write_dataset_chunks(out_dir, splits, meta, overwrite=overwrite)
+
+
+# --- augmentation, verifier, builder command: the task's registry entry ---------------------------
+
+
+def augment(inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray) -> Transform:
+    """The nodes renamed by a random permutation (rows and adjacency columns move together) and
+    the colours renamed by a random permutation of the colours 0..m, m the largest colour in the
+    row (all k of them in a generated label)."""
+    seq_len = inputs.shape[1]
+    n = num_nodes(seq_len)
+    perm = random_permutations(keys, n, salt=21)  # [B, n] source node of each output node
+    columns = np.concatenate([np.zeros((len(keys), 1), np.int64), perm + 1], axis=1)  # [B, n+1]
+    src = (perm[:, :, None] * (n + 1) + columns[:, None, :]).reshape(-1, seq_len)  # [B, L]
+    top = np.maximum(inputs.max(axis=1), labels.max(axis=1)).astype(np.int64)  # [B]
+    num_colours = np.maximum(top - COLOR0_TOKEN + 1, 0)  # [B] colours 0..m in use
+    width = int(num_colours.max(initial=0))
+    if width == 0:
+        return Transform(src)
+    colour = np.arange(width, dtype=np.uint64)
+    draws = random_bits(keys, width, salt=23) >> np.uint64(1)  # [B, W] < 2^63
+    fixed = np.uint64(1 << 63) + colour  # colours above m sort last, in order: kept
+    order = np.argsort(
+        np.where(colour[None, :] < num_colours[:, None].astype(np.uint64), draws, fixed), axis=1
+    )  # [B, W]: the first m+1 entries permute 0..m
+    head = np.broadcast_to(np.arange(COLOR0_TOKEN), (len(keys), COLOR0_TOKEN))
+    return Transform(src, np.concatenate([head, order + COLOR0_TOKEN], axis=1))  # lut [B, 4 + W]
+
+
+def verifier(seq_len: int) -> NumpyCheck:
+    """Proper colourings of the input graph that keep its given colours."""
+    n = num_nodes(seq_len)
+    return lambda answers, inputs, labels: valid_colorings_mask(answers, inputs, n)
+
+
+def _build_command(args: argparse.Namespace) -> None:
+    check_output_folder(args.out, args.overwrite)  # before any work
+    build_generated(
+        args.out, n=args.nodes, colors=args.colors, num_train=args.num_train,
+        num_test=args.num_test, edge_prob=args.edge_prob, seed=args.seed, overwrite=args.overwrite,
+    )
+    print(f"wrote {args.out}")
+
+
+def add_builder(data: argparse._SubParsersAction) -> None:
+    """`urm-ray data coloring`."""
+    c = data.add_parser("coloring", help="random k-colourable graphs (planted colouring)")
+    c.add_argument("--out", required=True, help="dataset folder to create")
+    c.add_argument("--nodes", type=int, default=12)
+    c.add_argument("--colors", type=int, default=3)
+    c.add_argument("--edge-prob", type=float, default=0.4,
+                   help="chance of an edge between two nodes of different planted colours")
+    c.add_argument("--num-train", type=int, default=5000)
+    c.add_argument("--num-test", type=int, default=500)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
+    c.set_defaults(func=_build_command)
+
+
+TASK = PuzzleTask("coloring", add_builder=add_builder, augmentation="coloring", augment=augment,
+                  verifier=verifier)

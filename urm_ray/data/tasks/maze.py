@@ -23,6 +23,7 @@ so they cannot meet the papers' hardness.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import logging
 import math
@@ -33,8 +34,16 @@ from typing import Any
 
 import numpy as np
 
-from urm_ray.data.store import DatasetMeta, split_chunk_stream, write_dataset, write_dataset_chunks
+from urm_ray.data.augment import dihedral
+from urm_ray.data.store import (
+    DatasetMeta,
+    check_output_folder,
+    split_chunk_stream,
+    write_dataset,
+    write_dataset_chunks,
+)
 from urm_ray.data.tasks.puzzle_csv import char_matrix, read_csv_table, where
+from urm_ray.data.tasks.task import NumpyCheck, PuzzleTask, board_side
 from urm_ray.errors import ConfigError, DataError
 from urm_ray.progress import Progress
 
@@ -324,8 +333,8 @@ def build_generated(
                             seed=seed, progress_every_s=progress_every_s)
     splits = split_chunk_stream(chunks, {"test": num_test, "train": num_train})
     build = {"builder": "maze.build_generated", "arguments": args, "seed": seed, "source": None}
-    meta = DatasetMeta(task="maze", vocab_size=VOCAB_SIZE, seq_len=n * n, num_puzzle_identifiers=1,
-                       augmentation="dihedral", build=build)
+    meta = DatasetMeta(task=TASK.name, vocab_size=VOCAB_SIZE, seq_len=n * n,
+                       num_puzzle_identifiers=1, augmentation=TASK.augmentation, build=build)
     return write_dataset_chunks(out_dir, splits, meta, overwrite=overwrite)
 
 
@@ -414,6 +423,58 @@ def build_from_csv(
     source = {"train_csv": str(Path(train_csv).resolve()), "test_csv": str(Path(test_csv).resolve())}
     build = {"builder": "maze.build_from_csv", "arguments": {"n": n}, "seed": None,
              "source": source}
-    meta = DatasetMeta(task="maze", vocab_size=VOCAB_SIZE, seq_len=n * n, num_puzzle_identifiers=1,
-                       augmentation="dihedral", build=build)
+    meta = DatasetMeta(task=TASK.name, vocab_size=VOCAB_SIZE, seq_len=n * n,
+                       num_puzzle_identifiers=1, augmentation=TASK.augmentation, build=build)
     return write_dataset(out_dir, splits, meta, overwrite=overwrite)
+
+
+# --- verifier, builder command: the task's registry entry ------------------------------------------
+
+
+def verifier(seq_len: int) -> NumpyCheck:
+    """Answers that mark one shortest start-goal path of the input maze."""
+    n = board_side("maze", seq_len)
+    # the label's path length is the shortest length (builders check it), which spares a BFS
+    return lambda answers, inputs, labels: valid_paths_mask(answers, inputs, n, labels)
+
+
+def _build_command(args: argparse.Namespace) -> None:
+    check_output_folder(args.out, args.overwrite)  # before reading any input
+    if bool(args.train_csv) != bool(args.test_csv):
+        raise ConfigError("--train-csv and --test-csv go together")
+    if args.train_csv:
+        build_from_csv(args.out, args.train_csv, args.test_csv, overwrite=args.overwrite)
+    else:
+        build_generated(
+            args.out, n=args.size, num_train=args.num_train, num_test=args.num_test,
+            min_path=args.min_path, max_path=args.max_path, loop_prob=args.loop_prob,
+            unique_path=args.unique_path, seed=args.seed, overwrite=args.overwrite,
+        )
+    print(f"wrote {args.out}")
+
+
+def add_builder(data: argparse._SubParsersAction) -> None:
+    """`urm-ray data maze`."""
+    m = data.add_parser("maze", help="generate n x n mazes labelled with their shortest path")
+    m.add_argument("--out", required=True, help="dataset folder to create")
+    m.add_argument("--size", type=int, default=30, help="maze side n (the papers: 30)")
+    m.add_argument("--num-train", type=int, default=1000)
+    m.add_argument("--num-test", type=int, default=1000)
+    m.add_argument("--min-path", type=int, default=110,
+                   help="hardness filter: keep mazes whose shortest path has >= this many moves")
+    m.add_argument("--max-path", type=int, default=0, help="and <= this many (0 = no limit)")
+    m.add_argument("--loop-prob", type=float, default=0.03,
+                   help="chance to knock down each wall between two rooms (more routes)")
+    m.add_argument("--unique-path", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep only mazes with a single shortest path (default: yes)")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--train-csv", help="convert the official maze CSV (source,question,answer,"
+                                       "rating; cells '# SGo') instead of generating")
+    m.add_argument("--test-csv", help="held-out CSV (with --train-csv)")
+    m.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
+    m.set_defaults(func=_build_command)
+
+
+# walls, start, goal and path move together under the square's symmetries
+TASK = PuzzleTask("maze", add_builder=add_builder, augmentation="dihedral", augment=dihedral,
+                  verifier=verifier)

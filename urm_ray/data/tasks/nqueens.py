@@ -10,12 +10,16 @@ verifier, not the label, can judge a prediction.
     build_unconditional("data/nqueens6", n=6, repeats=256)
 """
 
+from __future__ import annotations
+
+import argparse
 import os
 from typing import Any
 
 import numpy as np
 
-from urm_ray.data.store import DatasetMeta, write_dataset
+from urm_ray.data.store import DatasetMeta, check_output_folder, write_dataset
+from urm_ray.data.tasks.task import NumpyCheck, PuzzleTask, board_side
 from urm_ray.errors import ConfigError
 
 PAD_TOKEN, EMPTY_TOKEN, QUEEN_TOKEN = 0, 1, 2
@@ -107,6 +111,41 @@ def build_unconditional(
     splits = {"train": _split(boards[train_index], train_index), "test": _split(boards, index)}
     build = {"builder": "nqueens.build_unconditional", "arguments": {"n": n, "repeats": repeats},
              "seed": None, "source": None}
-    meta = DatasetMeta(task="nqueens", vocab_size=VOCAB_SIZE, seq_len=n * n, num_puzzle_identifiers=1,
-                       augmentation="none", build=build)
+    meta = DatasetMeta(task=TASK.name, vocab_size=VOCAB_SIZE, seq_len=n * n,
+                       num_puzzle_identifiers=1, augmentation=TASK.augmentation, build=build)
     return write_dataset(out_dir, splits, meta, overwrite=overwrite)
+
+
+# --- verifier, builder command: the task's registry entry ------------------------------------------
+
+
+def verifier(seq_len: int) -> NumpyCheck:
+    """Non-attacking placements that keep the input's queens (an empty input gives none)."""
+    n = board_side("nqueens", seq_len)
+
+    def check(answers: np.ndarray, inputs: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        givens = inputs == QUEEN_TOKEN
+        keeps = np.where(givens, answers == QUEEN_TOKEN, True).all(axis=1)
+        return keeps & valid_queens_mask(answers, n)
+
+    return check
+
+
+def _build_command(args: argparse.Namespace) -> None:
+    check_output_folder(args.out, args.overwrite)  # before any work
+    build_unconditional(args.out, n=args.size, repeats=args.repeats, overwrite=args.overwrite)
+    print(f"wrote {args.out}")
+
+
+def add_builder(data: argparse._SubParsersAction) -> None:
+    """`urm-ray data nqueens`."""
+    q = data.add_parser("nqueens", help="every n-queens solution as labels of the empty board")
+    q.add_argument("--out", required=True, help="dataset folder to create")
+    q.add_argument("--size", type=int, default=8, help="board side n")
+    q.add_argument("--repeats", type=int, default=64, help="copies of each solution in train")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
+    q.set_defaults(func=_build_command)
+
+
+# every solution of the empty board is already a label: no augmentation
+TASK = PuzzleTask("nqueens", add_builder=add_builder, verifier=verifier)

@@ -15,7 +15,11 @@ recorded in the metadata (`build.arguments.num_augmentations`) and the training 
 for it (`data.num_augmentations: 1001`); the stream warns when they differ.
 """
 
+from __future__ import annotations
+
+import argparse
 import logging
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -24,9 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from urm_ray.data.store import DatasetMeta, write_dataset, write_dataset_chunks
+from urm_ray.data.augment import Transform, random_bits, random_permutations
+from urm_ray.data.store import DatasetMeta, check_output_folder, write_dataset, write_dataset_chunks
 from urm_ray.data.tasks.puzzle_csv import char_matrix, iter_csv_tables, where
-from urm_ray.data.tasks.sudoku_solver import geometry, make_puzzle, random_solution
+from urm_ray.data.tasks.sudoku_solver import BOX_SHAPES, geometry, make_puzzle, random_solution
+from urm_ray.data.tasks.task import NumpyCheck, PuzzleTask, board_side
 from urm_ray.errors import ConfigError, DataError
 from urm_ray.progress import Progress
 
@@ -145,11 +151,11 @@ def _check_num_augmentations(num_augmentations: int) -> None:
 
 def _meta(n: int, build: dict[str, Any]) -> DatasetMeta:
     return DatasetMeta(
-        task="sudoku",
+        task=TASK.name,
         vocab_size=n + 2,
         seq_len=n * n,
         num_puzzle_identifiers=1,
-        augmentation="sudoku",
+        augmentation=TASK.augmentation,
         build=build,
     )
 
@@ -343,3 +349,92 @@ def build_from_csv(
     }
     build = {"builder": "sudoku.build_from_csv", "arguments": args, "seed": seed, "source": source}
     return write_dataset_chunks(out_dir, splits, _meta(size, build), overwrite=overwrite)
+
+
+# --- augmentation, verifier, builder command: the task's registry entry ---------------------------
+
+
+def _line_order(keys: np.ndarray, n: int, group: int, salt: int) -> np.ndarray:
+    """[B, n] source line of each output line: shuffled groups of `group` lines, shuffled within."""
+    num_groups = n // group
+    group_perm = random_permutations(keys, num_groups, salt)  # [B, G]
+    inner = np.argsort(
+        random_bits(keys, n, salt + 1).reshape(-1, num_groups, group), axis=2
+    )  # [B, G, group]
+    return (group_perm[:, :, None] * group + inner).reshape(-1, n)
+
+
+def augment(inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray) -> Transform:
+    """Digit relabelling, band / stack shuffles, row / column shuffles inside them, and a transpose
+    when boxes are square. Tokens: 0 PAD and 1 blank are fixed, digit tokens 2..n+1 are permuted."""
+    seq_len = inputs.shape[1]
+    n = math.isqrt(seq_len)
+    if n * n != seq_len or n not in BOX_SHAPES:
+        raise DataError(
+            f"sudoku augmentation: seq_len={seq_len} is not a supported board"
+            f" (n*n with n in {sorted(BOX_SHAPES)})"
+        )
+    box_rows, box_cols = BOX_SHAPES[n]
+    rows = _line_order(keys, n, box_rows, salt=1)  # [B, n]
+    cols = _line_order(keys, n, box_cols, salt=3)  # [B, n]
+    src = rows[:, :, None] * n + cols[:, None, :]  # [B, n, n] source cell of each output cell
+    if box_rows == box_cols:
+        transpose = (random_bits(keys, 1, salt=5)[:, 0] & np.uint64(1)).astype(bool)  # [B]
+        src = np.where(transpose[:, None, None], src.transpose(0, 2, 1), src)
+    digit_perm = random_permutations(keys, n, salt=6) + 2  # [B, n] new token of digit tokens 2..n+1
+    fixed = np.broadcast_to(np.arange(2), (len(keys), 2))  # PAD and blank map to themselves
+    return Transform(src.reshape(-1, seq_len), np.concatenate([fixed, digit_perm], axis=1))
+
+
+def verifier(seq_len: int) -> NumpyCheck:
+    """Answers that keep the input's givens and obey the rules; the label is not needed."""
+    n = board_side("sudoku", seq_len)
+
+    def check(answers: np.ndarray, inputs: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        # tokens are digit + 1: blank 1 = digit 0, which no valid board contains
+        givens = inputs > BLANK_TOKEN
+        keeps = np.where(givens, answers == inputs, True).all(axis=1)
+        return keeps & valid_solutions_mask(answers.astype(np.int64) - 1, n)
+
+    return check
+
+
+def _build_command(args: argparse.Namespace) -> None:
+    check_output_folder(args.out, args.overwrite)  # before reading any input
+    if bool(args.train_csv) != bool(args.test_csv):
+        raise ConfigError("--train-csv and --test-csv go together")
+    if args.train_csv:
+        build_from_csv(
+            args.out, args.train_csv, args.test_csv, size=args.size, subsample=args.subsample,
+            seed=args.seed, num_augmentations=args.num_augmentations, overwrite=args.overwrite,
+        )
+    else:
+        build_generated(
+            args.out, size=args.size, num_train=args.num_train, num_test=args.num_test,
+            blanks=args.blanks, seed=args.seed, num_augmentations=args.num_augmentations,
+            overwrite=args.overwrite,
+        )
+    print(f"wrote {args.out}")
+
+
+def add_builder(data: argparse._SubParsersAction) -> None:
+    """`urm-ray data sudoku`."""
+    s = data.add_parser("sudoku", help="generate n x n Sudoku or convert a Sudoku-Extreme CSV")
+    s.add_argument("--out", required=True, help="dataset folder to create")
+    s.add_argument("--size", type=int, default=4, choices=[4, 6, 9])
+    s.add_argument("--num-train", type=int, default=2000)
+    s.add_argument("--num-test", type=int, default=500)
+    s.add_argument("--blanks", type=int, default=8, help="blank cells per generated puzzle")
+    s.add_argument("--train-csv", help="Sudoku-Extreme style CSV (source,question,answer,rating)")
+    s.add_argument("--test-csv", help="held-out CSV (with --train-csv)")
+    s.add_argument("--subsample", type=int, default=0, help="keep N training puzzles (1k setting)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--num-augmentations", type=int, default=0,
+                   help="K augmentations per puzzle the dataset is meant for (recorded in"
+                        " metadata; train with data.num_augmentations=K); 0 = not set")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
+    s.set_defaults(func=_build_command)
+
+
+TASK = PuzzleTask("sudoku", add_builder=add_builder, augmentation="sudoku", augment=augment,
+                  verifier=verifier)

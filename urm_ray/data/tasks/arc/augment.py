@@ -28,7 +28,15 @@ import numpy as np
 
 from urm_ray.data.augment import mix, random_bits, row_keys
 from urm_ray.data.tasks.arc import (
-    COLOUR_OFFSET, DIHEDRAL_INVERSE, EOS, IGNORE_LABEL, NUM_COLOURS, PAD, SEQ_LEN, SIDE, TaskTable,
+    COLOUR_OFFSET,
+    DIHEDRAL_INVERSE,
+    EOS,
+    IGNORE_LABEL,
+    NUM_COLOURS,
+    PAD,
+    SEQ_LEN,
+    SIDE,
+    TaskTable,
 )
 
 # d.s of dihedrals d, s: dihedral(dihedral(grid, s), d) == dihedral(grid, DIHEDRAL_PRODUCT[d][s])

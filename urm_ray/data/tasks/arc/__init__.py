@@ -9,6 +9,9 @@ canvas (seq_len 900, row-major), PAD 0, EOS 1 on the row below and the column ri
 colour c -> token c + 2 (vocab 12). Labels hold the ignore label where the canvas is PAD, so the
 loss covers colours and EOS (the official ignore_label_id is PAD).
 
+The task's parts: this module (tokens, reading, the builder and `urm-ray data arc`, the task
+table), `augment` (a whole task's versions and their inverse) and `evaluate` (voting, pass@k).
+
 Rows are (input, output) pairs. Every pair goes to split "train" except the test pairs of the
 test-set tasks, which go to "test"; the demonstrations of test-set tasks stay in training, as in
 the official protocol. `puzzle_identifiers` = 1 + task number (0 is the blank identifier) and
@@ -20,6 +23,7 @@ numbers went to which split, and its symmetries (used to skip augmentations equa
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import logging
@@ -32,7 +36,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from urm_ray.data.store import DatasetMeta, write_dataset
+from urm_ray.data.store import DatasetMeta, check_output_folder, write_dataset
+from urm_ray.data.tasks.task import PuzzleTask
 from urm_ray.errors import ConfigError, DataError
 from urm_ray.progress import Progress
 
@@ -44,8 +49,6 @@ PAD, EOS, COLOUR_OFFSET = 0, 1, 2
 NUM_COLOURS = 10
 VOCAB_SIZE = COLOUR_OFFSET + NUM_COLOURS
 IGNORE_LABEL = -100
-TASK = "arc"
-AUGMENTATION = "arc"
 TASKS_FILE = "arc_tasks.json"
 # dihedral transform d and its inverse (official numbering: 0 id, 1-3 rot90 k=1..3, 4 flip lr,
 # 5 flip ud, 6 transpose, 7 anti-transpose)
@@ -401,8 +404,8 @@ def build(
         "tasks_file": TASKS_FILE,
         "duplicates_dropped": dropped,
     }
-    meta = DatasetMeta(task=TASK, vocab_size=VOCAB_SIZE, seq_len=SEQ_LEN,
-                       num_puzzle_identifiers=len(tasks) + 1, augmentation=AUGMENTATION,
+    meta = DatasetMeta(task=TASK.name, vocab_size=VOCAB_SIZE, seq_len=SEQ_LEN,
+                       num_puzzle_identifiers=len(tasks) + 1, augmentation=TASK.augmentation,
                        ignore_label=IGNORE_LABEL, build=build_info)
     tasks_json = "[\n" + ",\n".join(json.dumps(t) for t in got.tasks) + "\n]\n"
     return write_dataset(out_dir, splits, meta, overwrite=overwrite,
@@ -445,3 +448,35 @@ def load_tasks(path: str | os.PathLike) -> TaskTable:
             possible[number, int(d)] = True
             fixing[number, int(d)] = [-1 if ch == "." else int(ch) for ch in target]
     return TaskTable(records, fixing, possible)
+
+
+# --- builder command: the task's registry entry ---------------------------------------------------
+
+
+def _build_command(args: argparse.Namespace) -> None:
+    check_output_folder(args.out, args.overwrite)  # before reading any input
+    meta = build(args.out, args.source, subsets=args.subsets, test_set=args.test_set,
+                 prefix=args.prefix, overwrite=args.overwrite, num_tasks=args.tasks)
+    print(f"wrote {args.out}: {meta.build['num_tasks']} tasks, pairs {meta.build['num_pairs']}")
+
+
+def add_builder(data: argparse._SubParsersAction) -> None:
+    """`urm-ray data arc`."""
+    a = data.add_parser("arc", help="ARC-AGI from Kaggle-combined or per-task JSON files")
+    a.add_argument("--source", required=True,
+                   help="folder with <prefix>_<subset>_challenges.json / _solutions.json, or"
+                        " with one sub-folder of <task>.json files per subset")
+    a.add_argument("--out", required=True, help="dataset folder to create")
+    a.add_argument("--subsets", nargs="+", default=["training", "evaluation"],
+                   help="subsets to include (ARC-AGI-2: training2 evaluation2)")
+    a.add_argument("--test-set", default="evaluation",
+                   help="subset whose test pairs are held out (its demonstrations train)")
+    a.add_argument("--prefix", default="arc-agi", help="Kaggle file prefix")
+    a.add_argument("--tasks", type=int, default=0, metavar="N",
+                   help="keep the first N tasks of each subset in task-id order (default 0: all)")
+    a.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
+    a.set_defaults(func=_build_command)
+
+
+# one right answer per input (no label-free verifier); augmented per task version, voted pass@k
+TASK = PuzzleTask("arc", add_builder=add_builder, augmentation="arc", versioned=True)

@@ -29,13 +29,22 @@ import numpy as np
 import torch
 from torch import nn
 
-from urm_ray.data import arc_augment, store
+from urm_ray.data import store
 from urm_ray.data.config import DataConfig
 from urm_ray.data.tasks import arc
+from urm_ray.data.tasks.arc import augment as arc_augment
 from urm_ray.errors import ConfigError
 from urm_ray.progress import Progress
 
 PASS_KS = (1, 2, 10, 100, 1000)
+
+
+def exact_match(answers: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """[N] bool: each predicted canvas [N, 900] (cropped as the official evaluator does) holds
+    exactly the grid of its label canvas [N, 900] (stored form, ignore label = PAD)."""
+    got = arc_augment.crop_canonical(answers.detach().cpu().numpy())
+    want = arc_augment.canonical(labels.detach().cpu().numpy())
+    return torch.from_numpy((got == want).all(axis=1)).to(answers.device)
 
 
 @dataclass

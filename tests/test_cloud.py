@@ -36,7 +36,7 @@ TINY_RUN = ["model.hidden_size=16", "model.num_heads=2", "model.num_layers=1", "
             "model.truncation=1", "model.max_segments=2", "model.expansion=1.0",
             "train.num_workers=2", "train.cpus_per_worker=0.5", "train.torch_threads=1",
             "train.global_batch_size=16", "train.log_every=2", "train.checkpoint_every=4",
-            "train.eval_every=0", "train.eval_max_rows=16", "optim.warmup_steps=1",
+            "train.eval_every=0", "train.eval_max_rows=17", "optim.warmup_steps=1",
             "tracking.experiment=cloud", "train.run_name=s3-resume"]
 
 
@@ -118,7 +118,7 @@ def runs(s3, mlflow_server, tmp_path_factory):
     from urm_ray.data.tasks import sudoku
 
     data = tmp_path_factory.mktemp("data") / "sudoku4"
-    sudoku.build_generated(data, size=4, num_train=64, num_test=16, blanks=6, seed=1)
+    sudoku.build_generated(data, size=4, num_train=64, num_test=17, blanks=6, seed=1)
     # No tracking.tracking_uri: the run must find the server through MLFLOW_TRACKING_URI.
     env = subprocess_env(**FAKE_AWS, AWS_ENDPOINT_URL=s3, MLFLOW_TRACKING_URI=mlflow_server,
                          RAY_ADDRESS="local")
@@ -135,6 +135,8 @@ def runs(s3, mlflow_server, tmp_path_factory):
 def test_checkpoints_on_s3_and_resume_there(runs, s3):
     first, second, _ = runs
     assert first["step"] == 4 and second["step"] == 8
+    # 17 held-out rows over 2 workers: every row scored once (an equal split would drop one)
+    assert first["eval/rows"] == second["eval/rows"] == 17
     assert first["checkpoint"].startswith(f"s3://{BUCKET}/runs/s3-resume/checkpoint_")
     assert second["checkpoint"].startswith(f"s3://{BUCKET}/runs/s3-resume/checkpoint_")
     keys = [o["Key"] for o in client(s3).list_objects_v2(Bucket=BUCKET, Prefix="runs/s3-resume/")["Contents"]]

@@ -159,7 +159,10 @@ def build_trainer(
             callbacks=callbacks or [],
         ),
         datasets={"train": stream.train_dataset(cfg.data), "eval": eval_ds},
-        dataset_config=ray.train.DataConfig(execution_options=stream.ingest_options()),
+        # only "train" is split: Ray's equal split drops the rows that do not divide by the
+        # worker count, so each rank reads all of "eval" and scores its share (`Trainer._evaluate`)
+        dataset_config=ray.train.DataConfig(datasets_to_split=["train"],
+                                            execution_options=stream.ingest_options()),
     )
 
 

@@ -246,14 +246,17 @@ class Trainer:
         return out
 
     def _evaluate(self) -> dict[str, float]:
-        shard = ray.train.get_dataset_shard("eval")
+        """Held-out metrics over every eval row once: each rank reads the whole (unsplit) split
+        in stored order and scores every world-th batch; the sums are all-reduced."""
+        rows = ray.train.get_dataset_shard("eval")
 
         def batches() -> Iterator[dict[str, torch.Tensor]]:
-            rows = stream.iter_torch_batches(
-                shard, self.cfg.train.eval_batch_size, epoch=0, seed=0, shuffle=False,
+            stored = stream.iter_torch_batches(
+                rows, self.cfg.train.eval_batch_size, epoch=0, seed=0, shuffle=False,
                 drop_last=False, buffer_rows=0,
             )
-            return ({k: v.to(self.device) for k, v in b.items()} for b in rows)
+            return ({k: v.to(self.device) for k, v in b.items()}
+                    for i, b in enumerate(stored) if i % self.world == self.rank)
 
         with self.evaluation_model() as model:
             metrics = held_out_metrics(model, batches, self.cfg.train.eval_samples,

@@ -7,14 +7,16 @@
 
 Step: the last logged training step out of ``train.steps`` (a sweep: trials finished out of
 requested). Best: the highest held-out exact accuracy the run logged (a sweep: its objective).
-Checkpoint: the final one of a finished run, else the latest one on local storage.
+Checkpoint: the final one of a finished run, else the latest one on local storage. State:
+MLflow's, except that a RUNNING run whose driver stopped beating (``urm_ray.heartbeat``) shows
+as ``FAILED (driver lost)``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from urm_ray import tracking
+from urm_ray import heartbeat, tracking
 from urm_ray.errors import ConfigError
 from urm_ray.table import render
 from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, KIND_TAG, TRIAL_TAG, RunSummary
@@ -34,8 +36,11 @@ def kind(run: RunSummary) -> str:
     return "eval" if "/eval-" in run.run_name else "train"
 
 
-def state(run: RunSummary) -> str:
-    """MLflow's status, with a trial's fate when that says more (pruned, failed)."""
+def state(run: RunSummary, now: float | None = None) -> str:
+    """MLflow's status, with a trial's fate when that says more (pruned, failed); a RUNNING run
+    whose driver stopped beating is shown as failed."""
+    if heartbeat.lost(run.status, run.tags, now):
+        return "FAILED (driver lost)"
     fate = run.tags.get(FATE_TAG, "")
     return f"{run.status} ({fate})" if fate in ("pruned", "failed") else run.status
 
@@ -51,16 +56,16 @@ def checkpoint(run: RunSummary) -> str:
     return str(saved[-1]) if saved else ""
 
 
-def train_row(uri: str, run: RunSummary) -> list[str]:
+def train_row(uri: str, run: RunSummary, now: float | None = None) -> list[str]:
     steps = [step for step, _ in tracking.metric_history(uri, run.run_id, STEP_KEY)]
     total = run.params.get("train.steps", "?")
     values = [value for _, value in tracking.metric_history(uri, run.run_id, METRIC)]
-    return [run.experiment, run.run_name, kind(run), state(run),
+    return [run.experiment, run.run_name, kind(run), state(run, now),
             f"{max(steps)}/{total}" if steps else "-", _value(max(values)) if values else "-",
             checkpoint(run)]
 
 
-def sweep_row(run: RunSummary, trials: list[RunSummary]) -> list[str]:
+def sweep_row(run: RunSummary, trials: list[RunSummary], now: float | None = None) -> list[str]:
     """A sweep: trials finished of requested; its best objective value (the logged ``best/``
     metric of a finished sweep, else the best of its trials so far)."""
     metric, _, mode = run.params.get("objectives", METRIC).split(",")[0].partition(" (")
@@ -76,12 +81,14 @@ def sweep_row(run: RunSummary, trials: list[RunSummary]) -> list[str]:
         best_text = "-" if best is None else _value(best)
     if metric != METRIC and best_text != "-":
         best_text += f" {metric}"
-    return [run.experiment, run.run_name, "sweep", state(run),
+    return [run.experiment, run.run_name, "sweep", state(run, now),
             f"{finished}/{run.params.get('trials', '?')}", best_text, ""]
 
 
-def list_runs(tracking_uri: str, experiment: str = "", limit: int = 50) -> str:
-    """The table of the ``limit`` newest runs (of ``experiment``, else of every experiment)."""
+def list_runs(tracking_uri: str, experiment: str = "", limit: int = 50,
+              now: float | None = None) -> str:
+    """The table of the ``limit`` newest runs (of ``experiment``, else of every experiment);
+    heartbeats are judged at ``now`` (default: the current time)."""
     local = tracking_uri.removeprefix("sqlite:///")
     if local != tracking_uri and not Path(local).is_file():  # opening it would create it
         raise ConfigError(f"no MLflow store at {tracking_uri}; run `urm-ray runs` where you trained, "
@@ -90,7 +97,7 @@ def list_runs(tracking_uri: str, experiment: str = "", limit: int = 50) -> str:
     for run in tracking.search_runs(tracking_uri, experiment, max_results=limit):
         if kind(run) == "sweep":
             trials = tracking.child_runs(tracking_uri, run.experiment, run.run_id)
-            rows.append(sweep_row(run, [t for t in trials if kind(t) == "trial"]))
+            rows.append(sweep_row(run, [t for t in trials if kind(t) == "trial"], now))
         else:
-            rows.append(train_row(tracking_uri, run))
+            rows.append(train_row(tracking_uri, run, now))
     return render(rows, HEADER)

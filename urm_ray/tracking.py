@@ -28,6 +28,7 @@ KIND_TAG = "urm_ray.kind"  # sweep, trial, final (none: a run of `urm-ray train`
 SWEEP_TAG = "urm_ray.sweep"
 TRIAL_TAG = "urm_ray.trial"
 CHECKPOINT_TAG = "urm_ray.checkpoint"  # the final checkpoint (folder or URI) of a finished run
+HEARTBEAT_TAG = "urm_ray.heartbeat"  # unix time of the driver's last beat (`urm_ray.heartbeat`)
 _BATCH_LIMIT = 100  # MLflow accepts at most 100 params per log_batch call
 
 

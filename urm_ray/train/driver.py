@@ -30,7 +30,7 @@ import ray
 import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from urm_ray import tracking
+from urm_ray import heartbeat, tracking
 from urm_ray.cluster import init_ray, scaled_up
 from urm_ray.config import RunConfig, dump_yaml, flatten
 from urm_ray.data import builtin, store, stream
@@ -218,7 +218,8 @@ def _fit(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None,
     logger.info("starting %d Ray Train worker(s) (%s) for run %s", cfg.train.num_workers,
                 "GPU" if gpu else "CPU", cfg.train.run_name)
     try:
-        with _noting_sigint() as interrupted, _watched(progress) as inbox:
+        with (_noting_sigint() as interrupted, _watched(progress) as inbox,
+              heartbeat.beating(cfg.tracking.tracking_uri, run_id)):
             result = build_trainer(cfg, run_id, gpu, callbacks, inbox).fit()
     except BaseException as err:
         diverged = _record_failure(cfg, run_id, err, interrupted())
@@ -306,6 +307,7 @@ def open_mlflow_run(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | No
     if not cfg.tracking.enabled:
         return None
     uri = cfg.tracking.tracking_uri
+    heartbeat.warn_if_lost(uri, cfg.tracking.experiment, cfg.train.run_name)
     run_id = tracking.open_run(uri, cfg.tracking.experiment, cfg.train.run_name,
                                {**flatten(cfg), **(params or {})}, tags)
     logger.info("MLflow run %s in experiment %r (%s)", run_id, cfg.tracking.experiment, uri)

@@ -30,7 +30,7 @@ import yaml
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
 
-from urm_ray import tracking
+from urm_ray import heartbeat, tracking
 from urm_ray.cluster import init_ray, scaled_up
 from urm_ray.data import builtin, stream
 from urm_ray.errors import ConfigError
@@ -141,7 +141,8 @@ def _run(info: SweepInfo, space: SearchSpace, resume: bool, callbacks: list[tune
     info.save()
     ctx = TrialContext(info.name, space, _trial_extra(info), info.tracking_uri, info.experiment,
                        info.parent_run_id)
-    _tuner(info, space, the_plan, ctx, resume, callbacks or []).fit()
+    with heartbeat.beating(info.tracking_uri, info.parent_run_id):
+        _tuner(info, space, the_plan, ctx, resume, callbacks or []).fit()
     return finish(info, space)
 
 
@@ -166,6 +167,7 @@ def _open_parent(info: SweepInfo, space: SearchSpace, the_plan: Plan) -> str:
     for param in space.params:
         params[f"searched.{param.key}"] = report.describe_param(param)
     tags = {KIND_TAG: "sweep", SWEEP_TAG: info.name}
+    heartbeat.warn_if_lost(info.tracking_uri, info.experiment, info.name)
     return tracking.open_run(info.tracking_uri, info.experiment, info.name, params, tags)
 
 

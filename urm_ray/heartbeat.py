@@ -1,0 +1,84 @@
+"""A driver's heartbeat on its MLflow run, so a run whose driver died cannot stay RUNNING.
+
+While a run trains (or a sweep runs), a daemon thread of the process that opened it writes the
+time into the run's ``urm_ray.heartbeat`` tag every ``BEAT_S`` seconds. A run still RUNNING
+whose last beat is older than ``STALE_S`` lost its driver (SIGKILL, a dead node, a closed laptop):
+``urm-ray runs`` shows it as failed ("driver lost"), and a resume says so before it reopens it.
+The W&B "crashed" state works the same way.
+
+    with beating(tracking_uri, run_id):
+        trainer.fit()
+    lost(run.status, run.tags)      # True: RUNNING, last beat over STALE_S ago
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from urm_ray import tracking
+from urm_ray.tracking import HEARTBEAT_TAG
+
+logger = logging.getLogger(__name__)
+
+BEAT_S = 30.0
+# several missed beats: a loaded machine or a slow MLflow server delays one, not ten
+STALE_S = 300.0
+
+
+def _beat(tracking_uri: str, run_id: str) -> None:
+    try:
+        tracking.set_tags(tracking_uri, run_id, {HEARTBEAT_TAG: f"{time.time():.0f}"})
+    except Exception as err:  # a missed beat must never stop training
+        logger.debug("heartbeat of run %s not written: %s", run_id, err)
+
+
+@contextmanager
+def beating(tracking_uri: str, run_id: str | None, every_s: float = BEAT_S) -> Iterator[None]:
+    """Beats on ``run_id`` now and every ``every_s`` seconds until the block ends (nothing when
+    ``run_id`` is None: tracking is off)."""
+    if run_id is None:
+        yield
+        return
+    _beat(tracking_uri, run_id)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            _beat(tracking_uri, run_id)
+
+    thread = threading.Thread(target=loop, name=f"heartbeat-{run_id[:8]}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def last_beat_age(tags: dict[str, str], now: float | None = None) -> float | None:
+    """Seconds since the run's last beat; None for a run that never beat (made before beats)."""
+    if HEARTBEAT_TAG not in tags:
+        return None
+    return (time.time() if now is None else now) - float(tags[HEARTBEAT_TAG])
+
+
+def lost(status: str, tags: dict[str, str], now: float | None = None) -> bool:
+    """The run says RUNNING, but its driver stopped beating over ``STALE_S`` seconds ago."""
+    age = last_beat_age(tags, now)
+    return status == "RUNNING" and age is not None and age > STALE_S
+
+
+def warn_if_lost(tracking_uri: str, experiment: str, run_name: str) -> None:
+    """Before a resume reopens ``run_name``: says so when its last driver was lost."""
+    run_id = tracking.find_run_id(tracking_uri, experiment, run_name)
+    if run_id is None:
+        return
+    run = tracking.run_summary(tracking_uri, run_id)
+    if lost(run.status, run.tags):
+        minutes = (last_beat_age(run.tags) or 0.0) / 60
+        logger.warning("MLflow run %s was left RUNNING by a driver that stopped beating %.0f min"
+                       " ago (driver lost); resuming it", run_name, minutes)

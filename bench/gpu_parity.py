@@ -33,6 +33,7 @@ FAMILIES = {  # the sudoku4 presets on the 9x9 Sudoku shape, with a puzzle embed
     "hrm": [],
     "trm": [],
     "gram": [],
+    "gram_urm": [],
     "transformer": [],
 }
 
@@ -60,7 +61,7 @@ def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def check(family: str, device: torch.device, bf16: bool, compiled: bool) -> dict[str, Any]:
-    cfg = load_config(f"sudoku4-{family}", [*FAMILIES[family], "model.halt_exploration_prob=0"])
+    cfg = load_config(f"sudoku4-{family.replace('_', '-')}", [*FAMILIES[family], "model.halt_exploration_prob=0"])
     torch.manual_seed(0)
     reference = build_model(cfg.model, TASK)
     model = copy.deepcopy(reference).to(device)

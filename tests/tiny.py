@@ -19,13 +19,14 @@ FAMILIES = {
     "hrm": ["model.h_layers=1", "model.l_layers=1", "model.h_cycles=2", "model.l_cycles=2"],
     "trm": ["model.num_layers=1", "model.h_cycles=2", "model.l_cycles=2"],
     "gram": ["model.num_layers=1", "model.latent_dim=8"],
+    "gram_urm": ["model.num_layers=1", "model.loops=3", "model.latent_dim=8"],
     "transformer": ["model.num_layers=2", "model.max_segments=2"],
 }
 
 
 def trainer(family: str, compiled: bool) -> Trainer:
     overrides = [*SMALL, *FAMILIES[family], f"train.compile={str(compiled).lower()}"]
-    cfg = load_config(f"sudoku4-{family}", overrides)
+    cfg = load_config(f"sudoku4-{family.replace('_', '-')}", overrides)
     torch.manual_seed(0)
     model = build_model(cfg.model, TASK)
     ema = EMA(model, cfg.optim.ema_decay)

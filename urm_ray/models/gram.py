@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Literal, Optional
 
 import torch
@@ -63,10 +64,9 @@ Gaussian = tuple[Tensor, Tensor]  # (mean, logvar), each float32 [B, T, latent]
 
 
 @dataclass
-class GRAMConfig(TRMConfig):
-    """GRAM hyperparameters: TRM's core (num_layers, h_cycles = T, l_cycles = K) plus guidance."""
+class GuidanceConfig:
+    """The guidance fields, shared by GRAM on TRM's core (``gram``) and on URM's (``gram_urm``)."""
 
-    name: Literal["gram"] = "gram"  # type: ignore[assignment]
     # width of the Gaussian guidance per position, projected to hidden_size by a linear layer
     # (official code: 256); 0 = the noise lives directly in the hidden width (paper's text)
     latent_dim: int = 256
@@ -77,8 +77,9 @@ class GRAMConfig(TRMConfig):
     # KL balancing: share of the KL gradient that trains the prior (paper 0.8); null = plain KL
     kl_balance: Optional[float] = 0.8
     # transitions whose KL is charged: "all" = every posterior-guided one, the no-gradient ones
-    # training only the two heads (on the detached proposal u); "last" = the segment's last one
-    # only (the paper's algorithm 1, which lets the answer through the others for free)
+    # training only the two heads (on the detached proposal u); "last" = only those with
+    # gradient: on TRM's core the segment's last one (the paper's algorithm 1, which lets the
+    # answer through the others for free), on URM's the loops - truncation passes with gradient
     kl_transitions: Literal["all", "last"] = "all"
     # "token_mean": a row's summed KL over its supervised tokens, the scale of the per-token-mean
     # lm_loss (kl_coef=1 is then an ELBO); "sum": summed over positions and latent dims (paper)
@@ -90,8 +91,8 @@ class GRAMConfig(TRMConfig):
     # task verifier accepts the answer. The training loop passes the dataset task's verifier.
     halt_target: Literal["label", "verifier"] = "label"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_guidance(self) -> None:
+        """Validates the guidance fields; each config's __post_init__ calls it."""
         require(self.latent_dim >= 0, f"model.latent_dim={self.latent_dim} must be >= 0")
         require(self.noise_scale >= 0, f"model.noise_scale={self.noise_scale} must be >= 0")
         require(self.kl_coef >= 0, f"model.kl_coef={self.kl_coef} must be >= 0")
@@ -100,8 +101,20 @@ class GRAMConfig(TRMConfig):
             f"model.kl_balance={self.kl_balance} must be in [0, 1] or null",
         )
         if self.noise_scale == 0:
-            warnings.warn("model.noise_scale=0: guidance is off (the model is TRM); model.kl_coef, "
+            warnings.warn("model.noise_scale=0: guidance is off (the model is its deterministic core); model.kl_coef, "
                           "model.kl_balance and model.latent_dim have no effect")
+
+
+
+@dataclass
+class GRAMConfig(TRMConfig, GuidanceConfig):
+    """GRAM hyperparameters: TRM's core (num_layers, h_cycles = T, l_cycles = K) plus guidance."""
+
+    name: Literal["gram"] = "gram"  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_guidance()
 
 
 class GaussianHead(nn.Module):
@@ -118,11 +131,16 @@ class GaussianHead(nn.Module):
         return mean, logvar.clamp(LOGVAR_MIN, LOGVAR_MAX)
 
 
-class GRAM(TRM):
-    """GRAM with the ACT interface: ``carry, outputs = model(carry, batch)``."""
+class Guided(nn.Module):
+    """The guidance of a GRAM model on any deterministic core: the prior and posterior heads, the
+    latent projection, the label embedding, and what a segment outputs from them."""
 
-    def __init__(self, config: GRAMConfig, task: TaskSpec) -> None:
-        super().__init__(config, task)
+    config: GuidanceConfig
+    embed_scale: float
+    prefix_len: int
+    heads: Callable[[Tensor], dict[str, Tensor]]
+
+    def init_guidance(self, config: GuidanceConfig, task: TaskSpec) -> None:
         # read at every call, so a built model can be switched to its deterministic core (0)
         self.noise_scale = config.noise_scale
         if config.noise_scale:  # else none: weights without gradient, which DDP rejects
@@ -145,32 +163,32 @@ class GRAM(TRM):
         tokens = self.label_embed(labels.clamp_min(0).long())  # [B, L, D]
         return self.embed_scale * F.pad(tokens, (0, 0, self.prefix_len, 0))
 
-    def core(self, state: State, x: Tensor, labels: Tensor) -> tuple[State, dict[str, Tensor]]:
-        if self.noise_scale == 0:
-            return super().core(state, x, labels)
-        rope = self.rope(x.shape[1])
-        target = self.embed_labels(labels).to(x.dtype) if self.training else None
+    def training_target(self, labels: Tensor, x: Tensor) -> Optional[Tensor]:
+        """repr(y) in training (the posterior's input), None at inference (the prior guides)."""
+        return self.embed_labels(labels).to(x.dtype) if self.training else None
+
+    def free_transition(self, u: Tensor, target: Optional[Tensor], kls: list[Tensor]) -> Tensor:
+        """The guided state after a no-gradient proposal u. With ``kl_transitions: all`` in
+        training its KL is charged (appended to ``kls``): u has no history, so only the heads
+        learn from it and memory stays at one transition."""
         charge = target is not None and self.config.kl_transitions == "all"
-        z_H, z_L = state["z_H"], state["z_L"]
-        kls: list[Tensor] = []  # per-row balanced KL [B] of each charged transition
-        for _ in range(self.config.h_cycles - 1):
-            with torch.no_grad():
-                u, z_L = self.cycle(z_H, z_L, x, rope)
-            with torch.set_grad_enabled(charge and torch.is_grad_enabled()):
-                z_H, kl = self.guide(u, target, charge)  # u has no history: only the heads learn
-            z_H = z_H.detach()
-            kls += [kl] if kl is not None else []
-        u, z_L = self.cycle(z_H, z_L, x, rope)
-        z_H, kl = self.guide(u, target, target is not None)
-        outputs = self.heads(z_H)
+        with torch.set_grad_enabled(charge and torch.is_grad_enabled()):
+            z, kl = self.guide(u, target, charge)
+        kls += [kl] if kl is not None else []
+        return z.detach()
+
+    def guided_outputs(self, z: Tensor, u: Tensor, target: Optional[Tensor], kls: list[Tensor],
+                       labels: Tensor) -> dict[str, Tensor]:
+        """The heads on the last guided state z; in training also the Q-halt decode (prior-guided
+        from the last proposal u, with ``halt_decode: prior``) and the KL terms."""
+        outputs = self.heads(z)
         if target is None:
-            return {"z_H": z_H, "z_L": z_L}, outputs
-        kls.append(kl)
+            return outputs
         if self.config.halt_decode == "prior":  # the Q-halt label: the answer had the prior guided
             with torch.no_grad():
                 outputs["halt_logits"] = self.heads(self.perturb(u, self.prior_head(u)))["logits"]
         outputs.update(self.kl_outputs(torch.stack(kls), labels))
-        return {"z_H": z_H, "z_L": z_L}, outputs
+        return outputs
 
     def guide(self, u: Tensor, target: Optional[Tensor], charge: bool) -> tuple[Tensor, Optional[Tensor]]:
         """z_H = u + noise_scale * proj(eps), eps from the posterior with a target (training) or
@@ -202,3 +220,27 @@ class GRAM(TRM):
             "kl_first": kls[0].detach().sum(),
             "kl_last": kls[-1].detach().sum(),
         }
+
+
+class GRAM(Guided, TRM):
+    """GRAM with the ACT interface: ``carry, outputs = model(carry, batch)``."""
+
+    def __init__(self, config: GRAMConfig, task: TaskSpec) -> None:
+        super().__init__(config, task)
+        self.init_guidance(config, task)
+
+    def core(self, state: State, x: Tensor, labels: Tensor) -> tuple[State, dict[str, Tensor]]:
+        if self.noise_scale == 0:
+            return super().core(state, x, labels)
+        rope = self.rope(x.shape[1])
+        target = self.training_target(labels, x)
+        z_H, z_L = state["z_H"], state["z_L"]
+        kls: list[Tensor] = []  # per-row balanced KL [B] of each charged transition
+        for _ in range(self.config.h_cycles - 1):
+            with torch.no_grad():
+                u, z_L = self.cycle(z_H, z_L, x, rope)
+            z_H = self.free_transition(u, target, kls)
+        u, z_L = self.cycle(z_H, z_L, x, rope)
+        z_H, kl = self.guide(u, target, target is not None)
+        kls += [kl] if kl is not None else []
+        return {"z_H": z_H, "z_L": z_L}, self.guided_outputs(z_H, u, target, kls, labels)

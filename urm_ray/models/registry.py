@@ -10,6 +10,7 @@ from torch import nn
 
 from urm_ray.errors import ConfigError
 from urm_ray.models.gram import GRAM, GRAMConfig
+from urm_ray.models.gram_urm import GRAMURM, GRAMURMConfig
 from urm_ray.models.hrm import HRM, HRMConfig
 from urm_ray.models.task import TaskSpec
 from urm_ray.models.transformer import Transformer, TransformerConfig
@@ -22,6 +23,7 @@ MODELS: dict[str, tuple[type, type[nn.Module]]] = {
     "trm": (TRMConfig, TRM),
     "hrm": (HRMConfig, HRM),
     "gram": (GRAMConfig, GRAM),
+    "gram_urm": (GRAMURMConfig, GRAMURM),
     "transformer": (TransformerConfig, Transformer),
 }
 

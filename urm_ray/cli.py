@@ -42,8 +42,9 @@ def _train(args: argparse.Namespace) -> None:
     from urm_ray.train.driver import fit
 
     cfg = load_config(args.config, args.overrides)
-    progress = Progress("train", cfg.train.steps, unit="steps", live=sys.stderr.isatty())
-    result = fit(cfg, scale_up_s=args.scale_up, verbose=args.verbose, progress=progress)
+    with Progress("train", cfg.train.steps, unit="steps", live=sys.stderr.isatty()) as progress:
+        result = fit(cfg, scale_up_s=args.scale_up, verbose=args.verbose, progress=progress)
+        progress.phase("done")  # the bar left on the terminal: the run's whole time
     summary = {k: v for k, v in result.metrics.items() if k.startswith(("eval/", "arc/")) or k == "step"}
     print(json.dumps({"run_name": result.run_name, "checkpoint": result.checkpoint_path,
                       "mlflow_run_id": result.mlflow_run_id, **summary}, indent=2))

@@ -157,6 +157,7 @@ class Trainer:
                 report = self._train_metrics(sums, window_steps, elapsed, lr)
                 self._report(position, report, carry)
                 sums, window_start, window_steps = {}, time.perf_counter(), 0
+        self.progress.phase("stopping the workers")  # Ray Train tears the worker group down next
         self.tracker.close()
 
     def _batches(self, position: Position) -> Iterator[dict[str, torch.Tensor]]:
@@ -308,6 +309,7 @@ class Trainer:
         if not save:
             ray.train.report(metrics)
             return
+        self.progress.phase(f"saving the checkpoint at step {position.step}")
         ranks = self._gather(checkpoint.rank_state(carry))
         with tempfile.TemporaryDirectory() as folder:
             ckpt = None

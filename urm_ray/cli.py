@@ -132,7 +132,7 @@ def _final(args: argparse.Namespace) -> None:
     from urm_ray.tune.best import final
 
     outcome = final(args.name, args.dir, args.seeds, args.top, args.overrides, args.model_name,
-                    scale_up_s=args.scale_up, verbose=args.verbose)
+                    scale_up_s=args.scale_up, verbose=args.verbose, live=sys.stderr.isatty())
     summary = {k: v for k, v in outcome.metrics.items() if k.startswith(("eval/", "arc/")) or k == "step"}
     print(json.dumps({"winner_trial": outcome.winner, "seed_scores": outcome.scores,
                       "mlflow_run_id": outcome.run_id, "registered_model": outcome.model_name,

@@ -57,6 +57,22 @@ def test_on_a_terminal_a_bar_with_the_fields(capsys):
     assert "50/100" in err and "loss=1.2345" in err and "steps/s" in err
 
 
+def test_a_phase_follows_the_description_until_the_position_moves_on(capsys):
+    with Progress("train", 100, unit="steps", live=True) as bar:
+        bar.start(0)
+        bar.update(50, {"loss": "1.2345"})
+        bar.phase("evaluating at step 50")
+        assert "train (evaluating at step 50): " in capsys.readouterr().err
+        bar.update(50, {"loss": "1.2000"})  # the report of that step: still evaluating
+        assert bar.current_phase == "evaluating at step 50"
+        bar.advance(51)
+        assert bar.current_phase == ""
+        bar.phase("uploading the checkpoint")
+    err = capsys.readouterr().err
+    assert "train (uploading the checkpoint): " in err and "51/100" in err
+    assert bar._bar is None  # closed by the with block
+
+
 def test_a_sender_without_an_inbox_does_nothing():
     sender = Sender(None)
     sender.phase("building the model")
@@ -79,8 +95,11 @@ def test_rank_zero_events_reach_the_driver(ray_local, caplog):
             if step % 10 == 0:
                 sender.report(step, {"train/lm_loss": 2.0 / step, "train/samples_per_s": 100.0,
                                      **({"eval/exact_accuracy": 0.5} if step == 20 else {})})
+        sender.phase("saving the checkpoint at step 20")
+    assert progress.current_phase == "saving the checkpoint at step 20"  # shown until its owner closes it
     messages = [r.getMessage() for r in caplog.records]
     assert messages[:2] == ["building the model (urm) on 1 worker(s)", "training from step 0"]
+    assert messages[-1] == "saving the checkpoint at step 20"
     lines = [m for m in messages if m.startswith("train: ")]
     assert [line.split(" (")[0] for line in lines] == ["train: 10/20 steps", "train: 20/20 steps"]
     assert lines[-1].endswith("loss 0.1000  eval_exact 0.500  samples/s 100")

@@ -54,8 +54,9 @@ def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_run_learns_and_is_recorded_in_mlflow(ray_local, tmp_path: Path, sudoku4: Path, capsys):
-    """`urm-ray train`: setup phases and a progress line per report, no traceback, nothing from
-    Ray; the run learns, MLflow records it, `urm-ray runs` lists it."""
+    """`urm-ray train`: setup phases, a progress line per report, then the last phases in order
+    (evaluation, checkpoint, teardown, upload), no traceback, nothing from Ray; the run learns,
+    MLflow records it, `urm-ray runs` lists it."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     done = _cli(tmp_path, "train", "sudoku4-urm", f"data.path={sudoku4}", f"tracking.tracking_uri={uri}",
                 "tracking.experiment=test", "train.storage_path=runs", "train.steps=300",
@@ -64,9 +65,11 @@ def test_a_run_learns_and_is_recorded_in_mlflow(ray_local, tmp_path: Path, sudok
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)  # stdout holds the summary alone: Ray's output stays in its logs
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    for phase in ("reading data", "starting Ray (a private local instance)", "building the model (urm)",
-                  "training from step 0", "evaluating at step 150", "uploading the checkpoint"):
-        assert phase in done.stderr, (phase, done.stderr)
+    phases = ("reading data", "starting Ray (a private local instance)", "building the model (urm)",
+              "training from step 0", "evaluating at step 150", "evaluating at step 300",
+              "saving the checkpoint at step 300", "stopping the workers", "uploading the checkpoint")
+    at = [done.stderr.find(phase) for phase in phases]
+    assert -1 not in at and at == sorted(at), (dict(zip(phases, at)), done.stderr)  # in this order
     lines = [line.split("urm_ray.progress: ")[1] for line in done.stderr.splitlines()
              if "urm_ray.progress: train: " in line]
     reports = sorted({*range(20, 301, 20), 150})  # log_every and eval_every

@@ -9,6 +9,7 @@ holding the best config, the leaderboard and the plots; ``best`` exports a confi
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -167,10 +168,21 @@ def test_best_config_is_exported_and_trainable(sweep, capsys):
     assert (cfg.train.cpus_per_worker, cfg.train.device) == (base.cpus_per_worker, base.device)
 
 
-def test_final_reruns_seeds_trains_and_registers(sweep):
+def test_final_reruns_seeds_trains_and_registers(sweep, caplog):
+    caplog.set_level(logging.INFO)
     outcome = final("tiny", str(sweep["root"]), seeds=2, overrides=["train.log_every=5"])
     assert len(outcome.scores[outcome.winner]) == 2
     assert outcome.metrics["step"] == 20 and outcome.model_version == "1"
+    # what it showed: the stages, each re-check run starting and ending, the winner's training
+    messages = [r.getMessage() for r in caplog.records]
+    winner = f"t{outcome.winner:03d}"
+    stages = ("final stage 1/2: re-checking the top 1 config(s)", "final re-check: 2/2 runs",
+              f"final stage 2/2: training the winner {winner}", "training from step 0",
+              f"final {winner}: 20/20 steps", "uploading the checkpoint", "final: registering its model")
+    at = [next((i for i, m in enumerate(messages) if m.startswith(stage)), -1) for stage in stages]
+    assert -1 not in at and at == sorted(at), (dict(zip(stages, at)), messages)
+    rechecks = [m for m in messages if m.startswith("final re-check: ")]
+    assert len(rechecks) == 4 and f"last 1/1 {winner} seed" in rechecks[-1]  # 2 starts, 2 ends
     client = MlflowClient(sweep["uri"])
     run = client.get_run(outcome.run_id)
     base = load_config("sudoku4-urm").train  # the final run's resources: not the trials' 0.4 CPU

@@ -42,8 +42,9 @@ def _train(args: argparse.Namespace) -> None:
     from urm_ray.train.driver import fit
 
     cfg = load_config(args.config, args.overrides)
-    progress = Progress("train", cfg.train.steps, unit="steps", live=sys.stderr.isatty())
-    result = fit(cfg, scale_up_s=args.scale_up, verbose=args.verbose, progress=progress)
+    with Progress("train", cfg.train.steps, unit="steps", live=sys.stderr.isatty()) as progress:
+        result = fit(cfg, scale_up_s=args.scale_up, verbose=args.verbose, progress=progress)
+        progress.phase("done")  # the bar left on the terminal: the run's whole time
     summary = {k: v for k, v in result.metrics.items() if k.startswith(("eval/", "arc/")) or k == "step"}
     print(json.dumps({"run_name": result.run_name, "checkpoint": result.checkpoint_path,
                       "mlflow_run_id": result.mlflow_run_id, **summary}, indent=2))
@@ -122,7 +123,7 @@ def _final(args: argparse.Namespace) -> None:
     from urm_ray.tune.best import final
 
     outcome = final(args.name, args.dir, args.seeds, args.top, args.overrides, args.model_name,
-                    scale_up_s=args.scale_up, verbose=args.verbose)
+                    scale_up_s=args.scale_up, verbose=args.verbose, live=sys.stderr.isatty())
     summary = {k: v for k, v in outcome.metrics.items() if k.startswith(("eval/", "arc/")) or k == "step"}
     print(json.dumps({"winner_trial": outcome.winner, "seed_scores": outcome.scores,
                       "mlflow_run_id": outcome.run_id, "registered_model": outcome.model_name,

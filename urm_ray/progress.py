@@ -4,11 +4,14 @@
     progress.start(0)                          # a resumed run starts at its checkpoint's step
     progress.advance(37)                       # position only: the bar moves
     progress.update(50, {"loss": "1.2345"})    # position and fields: the bar, or a plain line
-    progress.finish(1500)
+    progress.phase("evaluating at step 1500")  # on the bar: "train (evaluating at step 1500): ..."
+    progress.finish(1500)                      # or ``with Progress(...) as progress:``, closed at exit
 
 ``live`` (a terminal): a tqdm bar on stderr; log records are written above it while it is open.
-Otherwise (a log file, CI): one plain line per ``update`` through logging, at most one every
-``every_s`` seconds, and one at ``finish``:
+A phase names what happens at the current position (the last evaluation, saving a checkpoint);
+the bar shows it after its description until the position moves on. Otherwise (a log file, CI):
+one plain line per ``update`` through logging, at most one every ``every_s`` seconds, and one at
+``finish``:
 
     train: 50/1500 step (3.1/s, 0:16, eta 7:48)  loss 1.2345  eval_exact -  samples/s 397
 """
@@ -59,6 +62,8 @@ class Progress:
         self.desc, self.total, self.unit, self.every_s, self.live = desc, total, unit, every_s, live
         self.done = self.first = 0
         self.fields: dict[str, str] = {}
+        self.current_phase = ""  # what happens at ``phase_at`` ("" = the counted work itself)
+        self.phase_at = 0
         self.started = time.monotonic()
         self._last_line = self.started
         self._bar: tqdm | None = None
@@ -68,6 +73,7 @@ class Progress:
         """Start (or restart) the clock at ``done``; the rate counts from here."""
         self.done = self.first = done
         self.started = time.monotonic()
+        self.phase("")
         if self._bar is not None:
             self._bar.reset(total=self.total or None)
             self._bar.update(done)
@@ -77,6 +83,8 @@ class Progress:
     def advance(self, done: int) -> None:
         """Move to ``done`` without new fields: the bar moves; no plain line."""
         self.done = done
+        if self.current_phase and done > self.phase_at:
+            self.phase("")
         if self._bar is not None and done > self._bar.n:
             self._bar.update(done - self._bar.n)
 
@@ -90,6 +98,13 @@ class Progress:
             self._bar.set_postfix(self.fields, refresh=True)
         elif time.monotonic() - self._last_line >= self.every_s:
             self._line()
+
+    def phase(self, text: str) -> None:
+        """Name what happens at the current position ("" clears it); only the bar shows it (the
+        caller logs what a plain log should say)."""
+        self.current_phase, self.phase_at = text, self.done
+        if self._bar is not None:
+            self._bar.set_description(self._description(), refresh=True)
 
     def finish(self, done: int | None = None) -> None:
         """The final position (a plain line even inside ``every_s``), then close."""
@@ -110,6 +125,12 @@ class Progress:
             self._bar = None
         self._stack.close()
 
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def line(self) -> str:
         return format_line(self.desc, self.done, self.total, self.unit,
                            time.monotonic() - self.started, self.done - self.first, self.fields)
@@ -119,6 +140,9 @@ class Progress:
         logger.info("%s", self.line())
 
     def _open(self) -> None:
-        self._bar = tqdm(total=self.total or None, initial=self.done, desc=self.desc, unit=self.unit,
-                         file=sys.stderr, dynamic_ncols=True, leave=True)
+        self._bar = tqdm(total=self.total or None, initial=self.done, desc=self._description(),
+                         unit=self.unit, file=sys.stderr, dynamic_ncols=True, leave=True)
         self._stack.enter_context(logging_redirect_tqdm())  # log records above the bar
+
+    def _description(self) -> str:
+        return f"{self.desc} ({self.current_phase})" if self.current_phase else self.desc

@@ -181,8 +181,9 @@ def fit(
     sampled values); ``callbacks`` go to Ray Train's ``RunConfig``. ``scale_up_s`` > 0: first ask
     the autoscaler for the workers (GPUs unless ``train.device=cpu``) and wait that long for them.
     Ray is started (or joined, with $RAY_ADDRESS) here unless the caller did; ``verbose`` shows
-    its output. ``progress``: shows the steps while training (None: nothing is shown, as in a
-    sweep's trials); the setup phases are logged at INFO.
+    its output. ``progress``: shows the steps while training and then the last phases (the final
+    evaluation, the checkpoint saved and uploaded); its owner closes it once this returns (None:
+    nothing is shown, as in a sweep's trials). The setup phases are logged at INFO.
     """
     logger.info("reading data %s", cfg.data.path)  # a builtin: dataset is built on first use
     cfg = resolve(cfg)
@@ -228,7 +229,7 @@ def _fit(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None,
         raise
     ckpt_path = checkpoint_uri(result.checkpoint)
     if run_id:
-        _finish_mlflow(cfg, run_id, result.checkpoint)
+        _finish_mlflow(cfg, run_id, result.checkpoint, progress)
     return FitResult(cfg.train.run_name, dict(result.metrics or {}), ckpt_path, run_id)
 
 
@@ -323,12 +324,15 @@ def open_mlflow_run(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | No
     return run_id
 
 
-def _finish_mlflow(cfg: RunConfig, run_id: str, ckpt: ray.train.Checkpoint | None) -> None:
+def _finish_mlflow(cfg: RunConfig, run_id: str, ckpt: ray.train.Checkpoint | None,
+                   progress: Progress | None) -> None:
     if ckpt is not None:
         tracking.MlflowTracker(cfg.tracking.tracking_uri, run_id).set_tags(
             {CHECKPOINT_TAG: checkpoint_uri(ckpt)})  # for `urm-ray runs`
     if ckpt is not None and cfg.tracking.log_checkpoint:
         logger.info("uploading the checkpoint to MLflow")
+        if progress is not None:
+            progress.phase("uploading the checkpoint to MLflow")
         with ckpt.as_directory() as folder:
             tracking.log_artifact(cfg.tracking.tracking_uri, run_id, folder, "checkpoint")
     tracking.close_run(cfg.tracking.tracking_uri, run_id, "FINISHED")

@@ -97,6 +97,7 @@ def train_fields(metrics: dict[str, Any]) -> dict[str, str]:
 def show(progress: Progress, event: Event) -> None:
     if event.kind == "phase":
         logger.info("%s", event.text)
+        progress.phase(event.text)
     elif event.kind == "start":
         logger.info("training from step %d", event.step)
         progress.start(event.step)
@@ -108,7 +109,8 @@ def show(progress: Progress, event: Event) -> None:
 
 @contextmanager
 def watching(progress: Progress, poll_s: float = POLL_S) -> Iterator[Any]:
-    """Yields the inbox to hand to rank 0; a thread shows its events until the block ends."""
+    """Yields the inbox to hand to rank 0; a thread shows its events until the block ends. The
+    progress stays open: its owner closes it once the run has ended (after the upload)."""
     inbox = Inbox.remote()
     stop = threading.Event()
 
@@ -135,4 +137,3 @@ def watching(progress: Progress, poll_s: float = POLL_S) -> Iterator[Any]:
         thread.join()
         if drain():  # what came after the last poll (the final report)
             ray.kill(inbox)
-        progress.close()

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Generator, Iterator
+from contextlib import closing, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -136,8 +136,16 @@ class Trainer:
 
     def run(self, position: Position, carry: Any = None) -> None:
         """Train from ``position`` (and the restored ACT ``carry``, if any) to ``train.steps``."""
+        # Closed as soon as training ends or fails: a suspended generator is otherwise closed by
+        # the garbage collector only (not while a traceback holds this frame), and until then Ray
+        # Data's prefetch thread runs on in this worker and the SplitCoordinator's epoch with it.
+        with closing(self._batches(position)) as batches:
+            self._train(position, batches, carry)
+        self.progress.phase("stopping the workers")  # Ray Train tears the worker group down next
+        self.tracker.close()
+
+    def _train(self, position: Position, batches: Iterator[dict[str, torch.Tensor]], carry: Any) -> None:
         cfg = self.cfg.train
-        batches = self._batches(position)
         first_nonfinite = torch.full((), -1, device=self.device)
         sums: dict[str, torch.Tensor] = {}
         window_start, window_steps = time.perf_counter(), 0
@@ -158,9 +166,8 @@ class Trainer:
                 report = self._train_metrics(sums, window_steps, elapsed, lr)
                 self._report(position, report, carry)
                 sums, window_start, window_steps = {}, time.perf_counter(), 0
-        self.tracker.close()
 
-    def _batches(self, position: Position) -> Iterator[dict[str, torch.Tensor]]:
+    def _batches(self, position: Position) -> Generator[dict[str, torch.Tensor], None, None]:
         """Endless batches from the saved data position; updates ``position`` as it goes."""
         shard = ray.train.get_dataset_shard("train")
         skip = position.batch
@@ -312,6 +319,7 @@ class Trainer:
         if not save:
             ray.train.report(metrics)
             return
+        self.progress.phase(f"saving the checkpoint at step {position.step}")
         ranks = self._gather(checkpoint.rank_state(carry))
         with tempfile.TemporaryDirectory() as folder:
             ckpt = None

@@ -7,11 +7,13 @@
 trial length with ``--seeds`` new seeds each, because one short run of a config varies by about
 two points; the config with the best mean then trains once at full length (the space's ``final``
 overrides, then the command line's), logged under the sweep's parent run, and its EMA model is
-registered in the MLflow Model Registry with its config and metrics.
+registered in the MLflow Model Registry with its config and metrics. Each stage is logged as it
+starts; the re-check shows its runs (``final_view``), the final run the bar of ``urm-ray train``.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import tempfile
 from dataclasses import dataclass
@@ -27,13 +29,17 @@ from urm_ray import tracking
 from urm_ray.cluster import init_ray, scaled_up
 from urm_ray.config import RunConfig, apply_overrides, build_config, dump_yaml, with_values
 from urm_ray.errors import ConfigError
+from urm_ray.progress import Progress
 from urm_ray.tracking import KIND_TAG, SWEEP_TAG, TRIAL_TAG
+from urm_ray.tune.final_view import RecheckProgress, run_label
 from urm_ray.tune.info import SweepInfo
 from urm_ray.tune.report import BEST_FILE, best_config, ranked
 from urm_ray.tune.resources import trial_bundles, without_resources
 from urm_ray.tune.space import SearchSpace
 from urm_ray.tune.sweep import DEFAULT_ROOT, load_sweep
 from urm_ray.typed import to_dict
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,11 +71,11 @@ def export_best(name: str, root: str = DEFAULT_ROOT, out: str = "") -> tuple[Fro
 
 def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
           overrides: list[str] | None = None, model_name: str = "",
-          scale_up_s: float = 0.0, verbose: bool = False) -> FinalOutcome:
+          scale_up_s: float = 0.0, verbose: bool = False, live: bool = False) -> FinalOutcome:
     """Re-evaluate the top configs over seeds, train the winner at full length, register it.
 
     ``scale_up_s`` > 0: ask the autoscaler for the nodes of each stage and wait that long.
-    ``verbose``: show Ray's output.
+    ``verbose``: show Ray's output. ``live``: progress bars on stderr (a terminal), else lines.
     """
     info, space = load_sweep(name, root)
     candidates = top_trials(info, space, top or space.spec.final.top)
@@ -84,13 +90,17 @@ def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
     if len(candidates) > 1 or seeds > 1:
         bundles = trial_bundles(space.spec.resources, len(candidates) * seeds)
         with scaled_up(bundles, scale_up_s):
-            scores = _reevaluate(info, space, candidates, seeds, parent)
-    else:  # one config, one seed: its sweep result is all there is to know
+            scores = _reevaluate(info, space, candidates, seeds, parent, live)
+    else:
+        logger.info("final: one config, one seed: its sweep result %s = %s stands, no re-check",
+                    space.metric, candidates[0].values[0])
         scores = {candidates[0].number: [candidates[0].values[0]]}
     sign = 1.0 if space.mode == "max" else -1.0
     winner = max(candidates, key=lambda t: sign * statistics.fmean(scores[t.number]))
+    logger.info("final stage 2/2: training the winner t%03d (mean %s %.4f over %d seed(s))", winner.number,
+                space.metric, statistics.fmean(scores[winner.number]), len(scores[winner.number]))
     outcome = _train_winner(info, space, winner, overrides or [], parent,
-                            model_name or f"urm-ray-{name}", scale_up_s)
+                            model_name or f"urm-ray-{name}", scale_up_s, live)
     outcome.scores = scores
     _log_scores(info, space, parent, scores, winner.number)
     tracking.close_run(info.tracking_uri, parent, "FINISHED")
@@ -117,14 +127,20 @@ def _seed_run(config: dict[str, Any], runs: dict[str, tuple[int, dict[str, Any]]
 
 
 def _reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTrial], seeds: int,
-                parent: str) -> dict[int, list[float]]:
+                parent: str, live: bool = False) -> dict[int, list[float]]:
     """Each candidate at the sweep's trial length with seeds base+1..base+K, run like trials."""
     from urm_ray.tune.resources import plan
 
     base_seed = space.base_config.train.seed
     runs = {f"t{t.number}-s{s}": (t, _seed_config(info, space, t, base_seed + 1 + s))
             for t in candidates for s in range(seeds)}
+    labels = {f"t{t.number}-s{s}": run_label(rank, len(candidates), t.number, s + 1)
+              for rank, t in enumerate(candidates, 1) for s in range(seeds)}
     the_plan = plan(ray.cluster_resources(), space.spec.resources, 0, len(runs))
+    logger.info("final stage 1/2: re-checking the top %d config(s) (%s) with %d seed(s) each: %d runs "
+                "of %d steps, %d at a time", len(candidates),
+                ", ".join(f"t{t.number:03d}" for t in candidates), seeds, len(runs),
+                space.base_config.train.steps, the_plan.concurrency)
     trainable = partial(_seed_run, runs={k: (t.number, to_dict(c)) for k, (t, c) in runs.items()},
                         tags={tracking.PARENT_TAG: parent, KIND_TAG: "seed", SWEEP_TAG: info.name},
                         metric=space.metric)
@@ -132,7 +148,8 @@ def _reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTria
         tune.with_resources(trainable, {"cpu": the_plan.trial_cpus}),
         param_space={"run": tune.grid_search(list(runs))},
         tune_config=tune.TuneConfig(max_concurrent_trials=the_plan.concurrency),
-        run_config=tune.RunConfig(name="final-seeds", storage_path=str(info.path), verbose=0),
+        run_config=tune.RunConfig(name="final-seeds", storage_path=str(info.path), verbose=0,
+                                  callbacks=[RecheckProgress(labels, space.metric, live)]),
     ).fit()
     scores: dict[int, list[float]] = {t.number: [] for t in candidates}
     for result in grid:
@@ -143,7 +160,8 @@ def _reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTria
 
 
 def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, overrides: list[str],
-                  parent: str, model_name: str, scale_up_s: float = 0.0) -> FinalOutcome:
+                  parent: str, model_name: str, scale_up_s: float = 0.0,
+                  live: bool = False) -> FinalOutcome:
     from urm_ray.train.driver import fit
     from urm_ray.train.offline import load_checkpoint
 
@@ -158,12 +176,16 @@ def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, over
     cfg = build_config(data)
     tags = {tracking.PARENT_TAG: parent, KIND_TAG: "final", SWEEP_TAG: info.name,
             TRIAL_TAG: str(winner.number)}
-    result = fit(cfg, tags=tags, params={f"sampled.{k}": v for k, v in winner.params.items()},
-                 scale_up_s=scale_up_s)
-    version = None
-    if result.checkpoint_path and result.mlflow_run_id:
-        run_cfg, model = load_checkpoint(result.checkpoint_path)  # EMA weights when the run kept one
-        version = _register(info, run_cfg, model, result.mlflow_run_id, result.metrics, model_name)
+    params = {f"sampled.{k}": v for k, v in winner.params.items()}
+    with Progress(f"final t{winner.number:03d}", cfg.train.steps, unit="steps", live=live) as progress:
+        result = fit(cfg, tags=tags, params=params, scale_up_s=scale_up_s, progress=progress)
+        version = None
+        if result.checkpoint_path and result.mlflow_run_id:
+            logger.info("final: registering its model as %r", model_name)
+            progress.phase(f"registering the model as {model_name}")
+            run_cfg, model = load_checkpoint(result.checkpoint_path)  # EMA weights when kept
+            version = _register(info, run_cfg, model, result.mlflow_run_id, result.metrics, model_name)
+        progress.phase("done")
     return FinalOutcome(winner.number, {}, result.metrics, result.mlflow_run_id, model_name, version)
 
 

@@ -9,6 +9,8 @@ holding the best config, the leaderboard and the plots; ``best`` exports a confi
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import signal
@@ -96,8 +98,11 @@ def sweep(ray_sweep, tmp_path_factory):
                                name="tiny", root=str(root))
     first = run_sweep(info, space, callbacks=[InterruptOnce(root / "interrupted")])
     info, space = load_sweep("tiny", str(root))
-    second = run_sweep(info, space, resume=True)
-    return {"root": root, "uri": uri, "info": info, "space": space, "first": first, "second": second}
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        second = run_sweep(info, space, resume=True)
+    return {"root": root, "uri": uri, "info": info, "space": space, "first": first, "second": second,
+            "printed": printed.getvalue()}
 
 
 def _children(sweep) -> list:
@@ -105,6 +110,12 @@ def _children(sweep) -> list:
     experiment = client.get_experiment_by_name(sweep["info"].experiment)
     parent = sweep["info"].parent_run_id
     return client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")
+
+
+def test_a_sweep_prints_its_own_table_not_tunes_banner(sweep):
+    assert "trials finished" in sweep["printed"]
+    for tune_line in ("Configuration for experiment", "View detailed results", "tensorboard"):
+        assert tune_line not in sweep["printed"], sweep["printed"][-2000:]
 
 
 def test_interrupted_sweep_resumes_to_exactly_the_requested_trials(sweep):

@@ -18,6 +18,7 @@ its last save) are taken over by the next suggestions (see ``search.py``).
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, replace
 from functools import partial
@@ -126,6 +127,10 @@ def run_sweep(info: SweepInfo, space: SearchSpace, resume: bool = False,
     data_path = prepare_data(space)
     if not ray.is_initialized():
         init_ray(verbose=verbose)
+    if not verbose:
+        # Tune's new console output prints its experiment banner and TensorBoard hint even at
+        # verbose=0; its legacy reporter, at verbose=0, prints nothing (read when fit starts)
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     wanted = space.spec.concurrency or space.spec.trials
     with scaled_up(trial_bundles(space.spec.resources, wanted), scale_up_s):
         return _run(info, space, resume, callbacks, data_path)

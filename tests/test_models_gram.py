@@ -11,6 +11,7 @@ from urm_ray.models.registry import TaskSpec, build_model, config_class
 from urm_ray.models.trm import TRMConfig
 
 from gradients import grads
+from guided import check_free_kl_trains_only_heads, head_calls, roll
 
 TASK = TaskSpec(vocab_size=10, seq_len=12, num_puzzle_identifiers=3)
 TINY = {"hidden_size": 32, "num_heads": 4, "num_layers": 1, "h_cycles": 3, "l_cycles": 2, "puzzle_emb_dim": 32,
@@ -52,15 +53,6 @@ def test_registered_and_paper_size():
     assert sum(p.numel() for p in model.parameters()) == trm + extra == 13_256_194
 
 
-def _roll(model, batch, segments=3):
-    """Outputs of ``segments`` consecutive ACT calls on the same batch."""
-    carry, outs = model.initial_carry(batch), []
-    for _ in range(segments):
-        carry, out = model(carry, batch)
-        outs.append(out)
-    return outs
-
-
 @pytest.mark.parametrize("train", [False, True])
 def test_noise_off_is_exactly_trm(model_batch, train):
     torch.manual_seed(0)
@@ -73,9 +65,9 @@ def test_noise_off_is_exactly_trm(model_batch, train):
     gram.train(train), trm.train(train)
     batch = model_batch(TASK)
     torch.manual_seed(1)  # same exploration draws in training
-    ours = _roll(gram, batch)
+    ours = roll(gram, batch)
     torch.manual_seed(1)
-    reference = _roll(trm, batch)
+    reference = roll(trm, batch)
     for mine, theirs in zip(ours, reference):
         assert "aux_loss" not in mine
         for key in ("logits", "q_halt_logits", "q_continue_logits"):
@@ -86,33 +78,23 @@ def test_switching_noise_off_on_a_built_model_gives_its_core(model_batch):
     torch.manual_seed(0)
     gram = build_model(GRAMConfig(**TINY), TASK).eval()
     batch = model_batch(TASK)
-    assert not torch.equal(_roll(gram, batch, 1)[0]["logits"], _roll(gram, batch, 1)[0]["logits"])  # stochastic
+    assert not torch.equal(roll(gram, batch, 1)[0]["logits"], roll(gram, batch, 1)[0]["logits"])  # stochastic
     gram.noise_scale = 0.0
-    first, second = _roll(gram, batch, 1)[0], _roll(gram, batch, 1)[0]
+    first, second = roll(gram, batch, 1)[0], roll(gram, batch, 1)[0]
     assert torch.equal(first["logits"], second["logits"])
-
-
-def _count_calls(model, batch):
-    calls = {"prior_head": 0, "posterior_head": 0}
-    hooks = [getattr(model, name).register_forward_hook(lambda *_, n=name: calls.__setitem__(n, calls[n] + 1))
-             for name in calls]
-    _, outputs = model(model.initial_carry(batch), batch)
-    for hook in hooks:
-        hook.remove()
-    return calls, outputs
 
 
 @pytest.mark.parametrize(("recipe", "prior_calls"), [({}, 4), (PAPER, 1)])
 def test_posterior_guides_every_training_transition_and_prior_every_eval_one(model_batch, recipe, prior_calls):
     model = build_model(GRAMConfig(**TINY, **recipe), TASK)
     batch = model_batch(TASK)
-    calls, outputs = _count_calls(model.train(), batch)
+    calls, outputs = head_calls(model.train(), batch)
     # posterior in all 3 transitions; the prior for each charged KL (3, or the paper's last one)
     # and, with halt_decode=prior, once more for the Q-head's prior-guided decode
     assert calls == {"posterior_head": 3, "prior_head": prior_calls}
     assert outputs["aux_loss"].requires_grad and not outputs["kl"].requires_grad
     assert ("halt_logits" in outputs) == (recipe.get("halt_decode", "prior") == "prior")
-    calls, outputs = _count_calls(model.eval(), batch)
+    calls, outputs = head_calls(model.eval(), batch)
     assert calls == {"posterior_head": 0, "prior_head": 3} and "aux_loss" not in outputs
 
 
@@ -168,21 +150,9 @@ def test_aux_loss_is_the_weighted_balanced_kl(model_batch, reduction):
 def test_kl_of_no_gradient_transitions_trains_only_the_heads(model_batch):
     """Charging every transition adds gradient to the guidance heads and the label embedding,
     and none to the core: the core's gradient is the same as with the last transition's KL only."""
-    batch = model_batch(TASK)
-    by_mode = {}
-    for transitions in ("all", "last"):
-        torch.manual_seed(0)
-        model = build_model(GRAMConfig(**{**TINY, "kl_transitions": transitions, "kl_coef": 1.0}), TASK).train()
-        torch.manual_seed(1)  # the same noise draws in both
-        _, outputs = model(model.initial_carry(batch), batch)
-        by_mode[transitions] = grads(model, outputs["aux_loss"] + outputs["logits"].sum())
-    heads = ("prior_head.", "posterior_head.", "label_embed.")
-    for name, grad in by_mode["all"].items():
-        if name.startswith(heads):
-            assert not torch.allclose(grad, by_mode["last"][name]), name
-        else:
-            torch.testing.assert_close(grad, by_mode["last"][name], rtol=1e-5, atol=1e-7, msg=name)
-    assert any(name.startswith("net.") for name in by_mode["all"])
+    check_free_kl_trains_only_heads(
+        lambda transitions: build_model(GRAMConfig(**{**TINY, "kl_transitions": transitions}), TASK),
+        model_batch(TASK), "net.")
 
 
 def _reference_loss(model: GRAM, batch: dict, probe: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,52 @@
+"""Checks both GRAM cores share (``gram`` on TRM, ``gram_urm`` on URM): ACT roll-outs, guidance
+head calls, and that the no-gradient transitions' KL trains only the guidance heads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from gradients import grads
+
+GUIDANCE = ("prior_head.", "posterior_head.", "label_embed.")
+
+
+def roll(model: nn.Module, batch: dict, segments: int = 3) -> list[dict]:
+    """Outputs of ``segments`` consecutive ACT calls on the same batch."""
+    carry, outs = model.initial_carry(batch), []
+    for _ in range(segments):
+        carry, out = model(carry, batch)
+        outs.append(out)
+    return outs
+
+
+def head_calls(model: nn.Module, batch: dict) -> tuple[dict[str, int], dict]:
+    """How often one segment calls the prior and posterior heads, and its outputs."""
+    calls = {"prior_head": 0, "posterior_head": 0}
+    hooks = [getattr(model, name).register_forward_hook(lambda *_, n=name: calls.__setitem__(n, calls[n] + 1))
+             for name in calls]
+    _, outputs = model(model.initial_carry(batch), batch)
+    for hook in hooks:
+        hook.remove()
+    return calls, outputs
+
+
+def check_free_kl_trains_only_heads(make: Callable[[str], nn.Module], batch: dict, core: str) -> None:
+    """``make(kl_transitions)`` builds the model: charging every transition ("all") changes the
+    guidance heads' gradients and leaves every other one (the core's, named ``core``...) as with
+    the gradient-carrying transitions' KL only ("last")."""
+    by_mode = {}
+    for transitions in ("all", "last"):
+        torch.manual_seed(0)
+        model = make(transitions).train()
+        torch.manual_seed(1)  # the same noise draws in both
+        _, outputs = model(model.initial_carry(batch), batch)
+        by_mode[transitions] = grads(model, outputs["aux_loss"] + outputs["logits"].sum())
+    for name, grad in by_mode["all"].items():
+        if name.startswith(GUIDANCE):
+            assert not torch.allclose(grad, by_mode["last"][name]), name
+        else:
+            torch.testing.assert_close(grad, by_mode["last"][name], rtol=1e-5, atol=1e-7, msg=name)
+    assert any(name.startswith(core) for name in by_mode["all"])

@@ -140,7 +140,8 @@ class Guided(nn.Module):
     prefix_len: int
     heads: Callable[[Tensor], dict[str, Tensor]]
 
-    def init_guidance(self, config: GuidanceConfig, task: TaskSpec) -> None:
+    def __init__(self, config: GuidanceConfig, task: TaskSpec) -> None:
+        super().__init__(config, task)  # the core's (TRM, URM): Guided comes first in the bases
         # read at every call, so a built model can be switched to its deterministic core (0)
         self.noise_scale = config.noise_scale
         if config.noise_scale:  # else none: weights without gradient, which DDP rejects
@@ -176,6 +177,12 @@ class Guided(nn.Module):
             z, kl = self.guide(u, target, charge)
         kls += [kl] if kl is not None else []
         return z.detach()
+
+    def graded_transition(self, u: Tensor, target: Optional[Tensor], kls: list[Tensor]) -> Tensor:
+        """The guided state after a proposal u with gradient; in training its KL joins ``kls``."""
+        z, kl = self.guide(u, target, target is not None)
+        kls += [kl] if kl is not None else []
+        return z
 
     def guided_outputs(self, z: Tensor, u: Tensor, target: Optional[Tensor], kls: list[Tensor],
                        labels: Tensor) -> dict[str, Tensor]:
@@ -225,10 +232,6 @@ class Guided(nn.Module):
 class GRAM(Guided, TRM):
     """GRAM with the ACT interface: ``carry, outputs = model(carry, batch)``."""
 
-    def __init__(self, config: GRAMConfig, task: TaskSpec) -> None:
-        super().__init__(config, task)
-        self.init_guidance(config, task)
-
     def core(self, state: State, x: Tensor, labels: Tensor) -> tuple[State, dict[str, Tensor]]:
         if self.noise_scale == 0:
             return super().core(state, x, labels)
@@ -241,6 +244,5 @@ class GRAM(Guided, TRM):
                 u, z_L = self.cycle(z_H, z_L, x, rope)
             z_H = self.free_transition(u, target, kls)
         u, z_L = self.cycle(z_H, z_L, x, rope)
-        z_H, kl = self.guide(u, target, target is not None)
-        kls += [kl] if kl is not None else []
+        z_H = self.graded_transition(u, target, kls)
         return {"z_H": z_H, "z_L": z_L}, self.guided_outputs(z_H, u, target, kls, labels)

@@ -25,7 +25,6 @@ from torch import Tensor
 
 from urm_ray.models.act import State
 from urm_ray.models.gram import GuidanceConfig, Guided
-from urm_ray.models.task import TaskSpec
 from urm_ray.models.urm import URM, URMConfig
 
 
@@ -43,10 +42,6 @@ class GRAMURMConfig(URMConfig, GuidanceConfig):
 class GRAMURM(Guided, URM):
     """GRAM on URM with the ACT interface: ``carry, outputs = model(carry, batch)``."""
 
-    def __init__(self, config: GRAMURMConfig, task: TaskSpec) -> None:
-        super().__init__(config, task)
-        self.init_guidance(config, task)
-
     def core(self, state: State, x: Tensor, labels: Tensor) -> tuple[State, dict[str, Tensor]]:
         if self.noise_scale == 0:
             return super().core(state, x, labels)
@@ -60,6 +55,5 @@ class GRAMURM(Guided, URM):
             h = self.free_transition(u, target, kls)
         for _ in range(self.config.loops - self.config.truncation):
             u = self.blocks(h, x, rope)
-            h, kl = self.guide(u, target, target is not None)
-            kls += [kl] if kl is not None else []
+            h = self.graded_transition(u, target, kls)
         return {"hidden": h}, self.guided_outputs(h, u, target, kls, labels)

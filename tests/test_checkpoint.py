@@ -1,9 +1,14 @@
-"""Checkpoints: a resumed run continues bit for bit as the uninterrupted run (CPU), per-rank seeds."""
+"""Checkpoints: a resumed run continues bit for bit as the uninterrupted run (CPU), per-rank seeds,
+and a checkpoint reaches the storage whole or not at all."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pyarrow.fs
 import pytest
 import torch
 
@@ -70,3 +75,63 @@ def test_ranks_get_distinct_reproducible_seeds_and_their_own_state(tmp_path: Pat
     torch.manual_seed(checkpoint.rank_seed(0, 1))
     assert torch.equal(draws[1], torch.rand(3))  # rank 1 continues from its own saved RNG
     assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])
+
+
+def _checkpoint_folder(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / checkpoint.STATE_FILE).write_bytes(os.urandom(2 << 20))
+    (folder / checkpoint.CONFIG_FILE).write_text("train: {steps: 20}\n")
+    return folder
+
+
+def test_an_upload_is_renamed_into_place_whole(tmp_path: Path):
+    source = _checkpoint_folder(tmp_path / "local")
+    run = tmp_path / "storage" / "run"
+    run.mkdir(parents=True)
+    checkpoint.upload(source, pyarrow.fs.LocalFileSystem(), str(run / "checkpoint_2"), 20)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint_2"]  # no temporary left
+    for name in (checkpoint.STATE_FILE, checkpoint.CONFIG_FILE):
+        assert (run / "checkpoint_2" / name).read_bytes() == (source / name).read_bytes()
+
+
+def test_a_write_that_fails_midway_leaves_nothing_and_names_the_step(tmp_path: Path):
+    """A real failed write: the process may not write files over 1 MiB (RLIMIT_FSIZE, the
+    kernel's EFBIG, as a full disk gives ENOSPC), and state.pt is 2 MiB. The earlier
+    checkpoint stays, nothing of the new one does, and the error names the step and folder."""
+    source = _checkpoint_folder(tmp_path / "local")
+    run = tmp_path / "storage" / "run"
+    (run / "checkpoint_1").mkdir(parents=True)
+    dest = run / "checkpoint_2"
+    script = (
+        "import resource, signal\n"
+        "from pathlib import Path\n"
+        "import pyarrow.fs\n"
+        "from urm_ray.train.checkpoint import upload\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))\n"
+        f"upload(Path({str(source)!r}), pyarrow.fs.LocalFileSystem(), {str(dest)!r}, 20)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"urm_ray.errors.CheckpointWriteError: the checkpoint of step 20 could not "
+                           f"be written to {dest} ("), last
+    assert "nothing of it was kept there" in last
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint_1"]
+
+
+def test_a_failed_worker_is_one_line_naming_its_rank_and_error():
+    """What `urm-ray train` prints when a worker fails (e.g. its checkpoint write): the first
+    failed rank's last error line, not Ray's WorkerGroupError with every worker's traceback."""
+    from ray.train import WorkerGroupError
+
+    from urm_ray.errors import TrainingFailed
+
+    trace = ("Traceback (most recent call last):\n  File \"loop.py\", line 9, in _upload\n"
+             "urm_ray.errors.CheckpointWriteError: the checkpoint of step 20 could not be written\n")
+    err = WorkerGroupError("Training failed due to worker errors", {1: RuntimeError("later"),
+                                                                     0: RuntimeError(trace)})
+    failed = TrainingFailed.from_workers(err.worker_failures)
+    assert str(failed) == ("worker rank 0: urm_ray.errors.CheckpointWriteError: the checkpoint of "
+                           "step 20 could not be written")

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from urm_ray.data.tasks import registry
-from urm_ray.errors import ConfigError, DataError, TrainingDiverged
+from urm_ray.errors import ConfigError, DataError, TrainingFailed
 
 
 def _presets(args: argparse.Namespace) -> None:
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as err:
         print(f"urm-ray: error: {err}", file=sys.stderr)
         return 2
-    except TrainingDiverged as err:
+    except TrainingFailed as err:
         print(f"urm-ray: training failed: {err}", file=sys.stderr)
         return 1
     return 0

@@ -10,7 +10,20 @@ class DataError(ValueError):
     """A data file or dataset folder is malformed; the message names the file and row/task."""
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingFailed(RuntimeError):
+    """A run stopped on an error in its workers (not a bad config or input); the message is the
+    error's last line, e.g. ``worker rank 0: CheckpointWriteError: the checkpoint of step 10 ...``."""
+
+    @classmethod
+    def from_workers(cls, failures: dict[int, BaseException]) -> "TrainingFailed":
+        """Ray Train's ``WorkerGroupError.worker_failures`` (rank -> error) in one line: the
+        first failed rank's error, whose traceback Ray keeps in its text."""
+        rank = min(failures)
+        lines = [line.strip() for line in str(failures[rank]).splitlines() if line.strip()]
+        return cls(f"worker rank {rank}: {lines[-1] if lines else type(failures[rank]).__name__}")
+
+
+class TrainingDiverged(TrainingFailed):
     """The loss or the gradients became non-finite (inf / nan); the message names the step."""
 
     PREFIX = "non-finite loss at step"
@@ -23,3 +36,8 @@ class TrainingDiverged(RuntimeError):
         if start < 0:
             return None
         return cls(text[start:].splitlines()[0].strip())
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written to the run's storage (full disk, lost access); the
+    message names the step and the destination, and nothing partial is left there."""

@@ -52,8 +52,11 @@ def checkpoint(run: RunSummary) -> str:
     storage, name = run.params.get("train.storage_path", ""), run.params.get("train.run_name", "")
     if not storage or not name or "://" in storage:
         return ""
-    saved = sorted((Path(storage) / name).glob("checkpoint_2*"))  # checkpoint_<date>_<time>
-    return str(saved[-1]) if saved else ""
+    # imported here: it imports torch, which `urm-ray runs` otherwise never needs
+    from urm_ray.train.checkpoint import latest_local
+
+    latest = latest_local(Path(storage) / name)
+    return str(latest) if latest else ""
 
 
 def train_row(uri: str, run: RunSummary, now: float | None = None) -> list[str]:

@@ -5,20 +5,29 @@ rank the RNG states and the ACT carry) and ``config.yaml`` (the resolved run con
 ``urm-ray eval`` and resume need nothing else. With the per-rank state a resumed run continues
 exactly as the uninterrupted run would have (bit for bit on CPU): the rows in flight keep their
 recurrent state and the random draws (ACT exploration, GRAM's noise) repeat.
+
+A checkpoint reaches ``train.storage_path`` whole or not at all (``upload``): on a local disk it
+is written under a hidden temporary name and renamed at the end; on object storage, where each
+object appears only once complete, ``state.pt`` goes last. A failed write (a full disk, lost
+credentials) removes what it wrote and names the step and the destination.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow
+import pyarrow.fs
 import torch
 import yaml
 
-from urm_ray.errors import DataError
+from urm_ray.errors import CheckpointWriteError, DataError
 
 STATE_FILE = "state.pt"
 CONFIG_FILE = "config.yaml"
@@ -82,6 +91,33 @@ def save(
     }
     torch.save(state, folder / STATE_FILE)
     (folder / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def upload(source: Path, fs: pyarrow.fs.FileSystem, dest: str, step: int) -> None:
+    """Copy the checkpoint folder ``source`` to ``dest`` on ``fs`` so that ``dest`` then holds
+    the whole checkpoint or nothing: see the module docstring. Raises ``CheckpointWriteError``."""
+    parent, _, name = dest.rstrip("/").rpartition("/")
+    renamed = fs.type_name == "local"  # a rename is atomic there; on object storage it is a copy
+    target = f"{parent}/.partial-{name}" if renamed else dest
+    files = sorted(source.iterdir(), key=lambda path: (path.name == STATE_FILE, path.name))
+    try:
+        fs.create_dir(target)
+        for path in files:
+            with path.open("rb") as src, fs.open_output_stream(f"{target}/{path.name}") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+        if renamed:
+            fs.move(target, dest)
+    except (OSError, pyarrow.ArrowException) as err:
+        with suppress(OSError, pyarrow.ArrowException):
+            fs.delete_dir(target)
+        raise CheckpointWriteError(f"the checkpoint of step {step} could not be written to {dest} "
+                                   f"({err}); nothing of it was kept there") from err
+
+
+def latest_local(run_folder: Path) -> Path | None:
+    """The newest complete checkpoint folder of a run on local storage (``checkpoint_<time>``)."""
+    saved = sorted(p for p in run_folder.glob("checkpoint_2*") if (p / STATE_FILE).is_file())
+    return saved[-1] if saved else None
 
 
 def load_state(folder: Path) -> dict[str, Any]:

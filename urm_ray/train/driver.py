@@ -28,6 +28,7 @@ import pyarrow
 import pyarrow.fs
 import ray
 import ray.train
+from ray.train import WorkerGroupError
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from urm_ray import heartbeat, tracking
@@ -36,9 +37,10 @@ from urm_ray.config import RunConfig, dump_yaml, flatten
 from urm_ray.data import builtin, store, stream
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import registry
-from urm_ray.errors import ConfigError, TrainingDiverged
+from urm_ray.errors import ConfigError, TrainingDiverged, TrainingFailed
 from urm_ray.progress import Progress
 from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, REASON_TAG
+from urm_ray.train.checkpoint import latest_local
 from urm_ray.train.live import watching
 from urm_ray.train.loop import train_loop_per_worker
 from urm_ray.typed import to_dict
@@ -226,6 +228,8 @@ def _fit(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None,
         diverged = _record_failure(cfg, run_id, err, interrupted())
         if diverged is not None:  # the reason in one line, not Ray's worker traceback
             raise diverged from None
+        if isinstance(err, WorkerGroupError) and err.worker_failures:
+            raise TrainingFailed.from_workers(err.worker_failures) from None
         raise
     ckpt_path = checkpoint_uri(result.checkpoint)
     if run_id:
@@ -252,12 +256,12 @@ def _record_failure(cfg: RunConfig, run_id: str | None, err: BaseException,
             tracking.set_tags(cfg.tracking.tracking_uri, run_id,
                               {FATE_TAG: "failed", REASON_TAG: str(diverged)})
         tracking.close_run(cfg.tracking.tracking_uri, run_id, "KILLED" if stopped else "FAILED")
-    run_folder = Path(cfg.train.storage_path) / cfg.train.run_name
-    saved = sorted(run_folder.glob("checkpoint_*")) if "://" not in cfg.train.storage_path else []
-    if diverged is None and saved:
+    local = "://" not in cfg.train.storage_path
+    latest = latest_local(Path(cfg.train.storage_path) / cfg.train.run_name) if local else None
+    if diverged is None and latest is not None:
         logger.warning("run %s stopped; its latest checkpoint is %s: rerun with train.run_name=%s to "
                        "resume there (train.max_failures=N retries a crashed worker group by itself)",
-                       cfg.train.run_name, saved[-1], cfg.train.run_name)
+                       cfg.train.run_name, latest, cfg.train.run_name)
     return diverged
 
 

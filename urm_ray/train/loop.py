@@ -86,6 +86,14 @@ def _first_nonfinite(first: torch.Tensor, nonfinite: torch.Tensor, step: int) ->
     return torch.where((first < 0) & (nonfinite > 0), step, first)
 
 
+def _upload(ckpt: ray.train.Checkpoint, name: str, step: int) -> ray.train.Checkpoint:
+    """Ray Train's checkpoint upload, made atomic (``checkpoint.upload``)."""
+    storage = ray.train.get_context().get_storage()
+    dest = storage.build_checkpoint_path_from_name(name)
+    checkpoint.upload(Path(ckpt.path), storage.storage_filesystem, dest, step)
+    return ray.train.Checkpoint(dest, filesystem=storage.storage_filesystem)
+
+
 def _every(period: int, step: int) -> bool:
     return period > 0 and step % period == 0
 
@@ -327,4 +335,5 @@ class Trainer:
                 checkpoint.save(Path(folder), self.model, self.ema, self.optimizers, position,
                                 to_dict(self.cfg), ranks)
                 ckpt = ray.train.Checkpoint.from_directory(folder)
-            ray.train.report(metrics, checkpoint=ckpt)
+            ray.train.report(metrics, checkpoint=ckpt,
+                             checkpoint_upload_fn=lambda ckpt, name: _upload(ckpt, name, position.step))

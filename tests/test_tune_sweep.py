@@ -97,12 +97,14 @@ def sweep(ray_sweep, tmp_path_factory):
     info, space = create_sweep(str(root / "tiny.yaml"), [f"data.path={data}", f"tracking.tracking_uri={uri}"],
                                name="tiny", root=str(root))
     first = run_sweep(info, space, callbacks=[InterruptOnce(root / "interrupted")])
+    stopped = {"runs": _children({"uri": uri, "info": info}),
+               "trials": info.study().trials}  # as Ctrl-C left them, before the resume
     info, space = load_sweep("tiny", str(root))
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         second = run_sweep(info, space, resume=True)
     return {"root": root, "uri": uri, "info": info, "space": space, "first": first, "second": second,
-            "printed": printed.getvalue()}
+            "printed": printed.getvalue(), "stopped": stopped}
 
 
 def _children(sweep) -> list:
@@ -127,6 +129,22 @@ def test_interrupted_sweep_resumes_to_exactly_the_requested_trials(sweep):
     children = _children(sweep)
     names = sorted(r.info.run_name for r in children)
     assert names == ["tiny-t000", "tiny-t001", "tiny-t002"]  # no duplicate runs
+
+
+def test_ctrl_c_leaves_no_trial_running_and_the_resume_trains_them_on(sweep):
+    runs = sweep["stopped"]["runs"]
+    assert runs and all(r.info.status != "RUNNING" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+    cut = [r for r in runs if r.data.tags.get("urm_ray.fate") == "interrupted"]
+    assert cut, [(r.info.run_name, r.info.status, r.data.tags.get("urm_ray.fate")) for r in runs]
+    assert all(r.info.status == "KILLED" for r in cut)
+    assert all("urm-ray sweep --resume tiny" in r.data.tags["urm_ray.fate_reason"] for r in cut)
+    open_trials = [t for t in sweep["stopped"]["trials"] if t.state == TrialState.RUNNING]
+    assert all(t.user_attrs.get("fate") == "interrupted" for t in open_trials)
+    resumed = {r.info.run_name: r for r in _children(sweep)}
+    for run in cut:  # the resume trained them on and recorded their own fate
+        after = resumed[run.info.run_name]
+        assert after.data.tags["urm_ray.fate"] in ("completed", "pruned"), after.data.tags
+        assert after.info.status in ("FINISHED", "KILLED")
 
 
 def test_trials_are_pruned_and_recorded_with_their_fate(sweep):

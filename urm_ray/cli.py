@@ -84,7 +84,7 @@ def _sample(args: argparse.Namespace) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    from urm_ray.tune.sweep import create_sweep, load_sweep, run_sweep
+    from urm_ray.tune.sweep import create_sweep, load_sweep, resume_hint, run_sweep
 
     if args.resume:
         if args.space or args.overrides:
@@ -101,7 +101,7 @@ def _sweep(args: argparse.Namespace) -> None:
                       "requested": outcome.requested, f"best {space.metric}": outcome.best_value,
                       "best_config": outcome.best_config_path}, indent=2))
     if outcome.interrupted:
-        print(f"interrupted: resume with `urm-ray sweep --resume {outcome.name}`", file=sys.stderr)
+        print(f"interrupted: {resume_hint(outcome.name)}", file=sys.stderr)
 
 
 def _runs(args: argparse.Namespace) -> None:

@@ -42,7 +42,7 @@ def state(run: RunSummary, now: float | None = None) -> str:
     if heartbeat.lost(run.status, run.tags, now):
         return "FAILED (driver lost)"
     fate = run.tags.get(FATE_TAG, "")
-    return f"{run.status} ({fate})" if fate in ("pruned", "failed") else run.status
+    return f"{run.status} ({fate})" if fate in ("pruned", "failed", "interrupted") else run.status
 
 
 def checkpoint(run: RunSummary) -> str:

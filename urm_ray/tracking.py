@@ -241,6 +241,14 @@ def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
     MlflowTracker(tracking_uri, run_id).set_tags(tags)
 
 
+def delete_tags(tracking_uri: str, run_id: str, keys: list[str]) -> None:
+    client = MlflowClient(tracking_uri)
+    tags = client.get_run(run_id).data.tags
+    for key in keys:
+        if key in tags:
+            client.delete_tag(run_id, key)
+
+
 def log_metrics(tracking_uri: str, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
     MlflowTracker(tracking_uri, run_id).log(metrics, step)
 

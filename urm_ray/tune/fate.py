@@ -4,20 +4,27 @@ Ray Train V2 rejects Tune's ``MLflowLoggerCallback``, and a trial stopped by ASH
 before it can say so itself, so this Tune callback (run in the driver) closes every trial's
 run: ``completed`` (FINISHED), ``pruned`` (KILLED) or ``failed`` (FAILED, with the error), as
 the tags ``urm_ray.fate``, ``urm_ray.fate_reason`` and ``urm_ray.fate_step``.
+
+A sweep stopped by Ctrl-C leaves its running trials ``interrupted`` (``record_interrupted``):
+their runs KILLED, their Optuna trials RUNNING (Optuna has no state a resume could continue
+from) with the user attribute ``fate: interrupted``, until ``--resume`` trains them on.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import optuna
+from optuna.trial import TrialState
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
 from urm_ray import tracking
 from urm_ray.tracking import FATE_TAG, KIND_TAG, REASON_TAG, SWEEP_TAG, TRIAL_TAG
-from urm_ray.tune.trial import STEP_TAG, TrialContext, split_config, trial_run_name
+from urm_ray.tune.search import FATE_ATTR
+from urm_ray.tune.trial import INTERRUPTED, STEP_TAG, TrialContext, split_config, trial_run_name
 
-STATUS = {"completed": "FINISHED", "pruned": "KILLED", "failed": "FAILED"}
+STATUS = {"completed": "FINISHED", "pruned": "KILLED", "failed": "FAILED", INTERRUPTED: "KILLED"}
 _REASON_CHARS = 1000
 
 
@@ -60,8 +67,25 @@ class FateRecorder(Callback):
                     TRIAL_TAG: str(number), KIND_TAG: "trial"}
             params = {f"sampled.{k}": v for k, v in values.items()}
             run_id = tracking.open_run(ctx.tracking_uri, ctx.experiment, name, params, tags)
-        elif FATE_TAG in tracking.run_summary(ctx.tracking_uri, run_id).tags:
+        elif tracking.run_summary(ctx.tracking_uri, run_id).tags.get(FATE_TAG, INTERRUPTED) != INTERRUPTED:
             return  # recorded before an interruption; the replay does not change it
         tracking.set_tags(ctx.tracking_uri, run_id, {FATE_TAG: fate, REASON_TAG: reason,
                                                      STEP_TAG: str(step)})
         tracking.close_run(ctx.tracking_uri, run_id, STATUS[fate])
+
+
+def record_interrupted(ctx: TrialContext, study: optuna.Study, resume_hint: str) -> int:
+    """After a sweep stopped early: its trial runs left open, or closed FAILED by a driver Ray
+    stopped, with no fate of their own, become KILLED with fate ``interrupted``; its RUNNING
+    Optuna trials get ``fate: interrupted``. Returns how many runs it closed."""
+    closed = 0
+    for run in tracking.child_runs(ctx.tracking_uri, ctx.experiment, ctx.parent_run_id):
+        if FATE_TAG in run.tags or run.status not in ("RUNNING", "FAILED"):
+            continue
+        tracking.set_tags(ctx.tracking_uri, run.run_id,
+                          {FATE_TAG: INTERRUPTED, REASON_TAG: f"the sweep was interrupted; {resume_hint}"})
+        tracking.close_run(ctx.tracking_uri, run.run_id, STATUS[INTERRUPTED])
+        closed += 1
+    for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        optuna.Trial(study, frozen._trial_id).set_user_attr(FATE_ATTR, INTERRUPTED)
+    return closed

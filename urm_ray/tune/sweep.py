@@ -37,7 +37,7 @@ from urm_ray.data import builtin, stream
 from urm_ray.errors import ConfigError
 from urm_ray.tracking import KIND_TAG, SWEEP_TAG
 from urm_ray.tune import report
-from urm_ray.tune.fate import FateRecorder
+from urm_ray.tune.fate import FateRecorder, record_interrupted
 from urm_ray.tune.info import INFO_FILE, SweepInfo, storage
 from urm_ray.tune.resources import Plan, plan, trial_bundles
 from urm_ray.tune.search import TRIAL_KEY, SweepSearch, make_sampler
@@ -148,7 +148,14 @@ def _run(info: SweepInfo, space: SearchSpace, resume: bool, callbacks: list[tune
                        info.parent_run_id)
     with heartbeat.beating(info.tracking_uri, info.parent_run_id):
         _tuner(info, space, the_plan, ctx, resume, callbacks or []).fit()
-    return finish(info, space)
+    outcome = finish(info, space)
+    if outcome.interrupted:
+        record_interrupted(ctx, info.study(), resume_hint(info.name))
+    return outcome
+
+
+def resume_hint(name: str) -> str:
+    return f"resume with `urm-ray sweep --resume {name}`"
 
 
 def finish(info: SweepInfo, space: SearchSpace) -> SweepOutcome:

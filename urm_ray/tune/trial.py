@@ -20,6 +20,7 @@ from urm_ray.tune.search import TRIAL_KEY
 from urm_ray.tune.space import SearchSpace
 
 STEP_TAG = "urm_ray.fate_step"  # the training step the trial stopped at
+INTERRUPTED = "interrupted"  # the fate of a trial the sweep's Ctrl-C stopped, until a resume
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ def _replay_finished(ctx: TrialContext, name: str, values: dict[str, Any]) -> bo
         return False
     run = tracking.run_summary(ctx.tracking_uri, run_id)
     fate = run.tags.get(FATE_TAG)
+    if fate == INTERRUPTED:  # stopped with its sweep: it trains on, so no fate is recorded yet
+        tracking.delete_tags(ctx.tracking_uri, run_id, [FATE_TAG, REASON_TAG])
+        return False
     if fate is None:
         return False
     if fate == "failed":

@@ -6,7 +6,8 @@
 - A local Ray cluster of three nodes on this machine (``ray.cluster_utils.Cluster``) runs a
   2-trial sweep through the ``urm-ray`` CLI: the two worker nodes each offer one ``trial_slot``
   and each trial's worker asks for one, so the trials must land on different nodes, which the
-  Ray State API's record of the Train workers confirms (slow).
+  Ray State API's record of the Train workers confirms; then one of those nodes is removed
+  mid-trial, as a reclaimed spot node, and its trial retries from its checkpoint (slow).
 - ``--scale-up`` asks Ray's autoscaler for a run's resources and waits for them: unit-tested on a
   simulated cluster, and end to end with the autoscaler's fake multi-node provider (slow).
 """
@@ -58,9 +59,11 @@ TINY_SPACE = {
 }
 
 
-def stop_group(proc: subprocess.Popen, timeout: float = 20) -> None:
+def stop_group(proc: subprocess.Popen, timeout: float = 3) -> None:
     """Stop a process started with ``start_new_session=True`` and everything it spawned (its
-    process group): SIGTERM, then SIGKILL if it is still there after ``timeout`` seconds."""
+    process group): SIGTERM, then SIGKILL if it is still there after ``timeout`` seconds.
+    (``ray start --head --block`` takes about 35 s to stop on SIGTERM here; the SIGKILL of its
+    group leaves none of its processes behind.)"""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -233,12 +236,32 @@ def test_sweep_keeps_trial_checkpoints_on_the_base_configs_s3_storage(tmp_path: 
 
 # --- a sweep on a local multi-node cluster, and the autoscaler (slow) ------------------------------
 
+# Long enough trials that a node can be taken away mid-run, after a checkpoint: the retry
+# resumes there (retries: 1, as GPU spaces have by default).
+PREEMPTED_SPACE = {**TINY_SPACE, "retries": 1, "overrides": {
+    **TINY_SPACE["overrides"], "train.steps": 30, "train.log_every": 5, "train.eval_every": 30,
+    "train.checkpoint_every": 5}}
+
+
+def _wait_for_checkpoints(trials: Path, count: int, sweep: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list(trials.glob("*/checkpoint_2*/state.pt"))) < count:
+        assert sweep.poll() is None, "the sweep ended before every trial had a checkpoint"
+        assert time.monotonic() < deadline, f"no checkpoint of {count} trials in {timeout} s"
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
-def test_sweep_trials_land_on_different_nodes(tmp_path: Path, monkeypatch):
+def test_sweep_trials_land_on_different_nodes_and_survive_a_preempted_one(tmp_path: Path, monkeypatch):
+    """Both trials run at once, one per worker node. Once each has a checkpoint, one worker node
+    is removed (a reclaimed spot node) and a fresh one joins: the sweep still finishes both
+    trials, the one that lost its node retried from its checkpoint, each MLflow run continuous
+    (every logged step once, none missing) and closed FINISHED."""
+    from mlflow.tracking import MlflowClient
     from ray.cluster_utils import Cluster
     from ray.util.state import list_actors
 
-    space, data = write_tiny_sweep(tmp_path)
+    space, data = write_tiny_sweep(tmp_path, PREEMPTED_SPACE)
     dashboard = free_port()
     # Every Ray process of this cluster (started from here) and the sweep find its State API here.
     monkeypatch.setenv("RAY_API_SERVER_ADDRESS", f"http://127.0.0.1:{dashboard}")
@@ -251,21 +274,38 @@ def test_sweep_trials_land_on_different_nodes(tmp_path: Path, monkeypatch):
         uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
         cmd = [sys.executable, "-m", "urm_ray.cli", "sweep", str(space), "--name", "nodes",
                "--dir", str(tmp_path / "sweeps"), f"data.path={data}", f"tracking.tracking_uri={uri}"]
-        done = subprocess.run(cmd, env=subprocess_env(RAY_ADDRESS=cluster.address),
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert '"finished": 2' in done.stdout
+        with subprocess.Popen(cmd, env=subprocess_env(RAY_ADDRESS=cluster.address), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) as sweep:
+            _wait_for_checkpoints(tmp_path / "sweeps" / "nodes" / "trials", 2, sweep, 400)
+            cluster.remove_node(nodes[0])  # its trial's worker dies with it
+            replacement = cluster.add_node(num_cpus=1, resources={"trial_slot": 1})
+            out, err = sweep.communicate(timeout=600)
+        assert sweep.returncode == 0, out[-3000:] + err[-3000:]
+        assert '"finished": 2' in out
+
+        client = MlflowClient(uri)
+        experiment = client.get_experiment_by_name("sweep-nodes")
+        trials = [r for r in client.search_runs([experiment.experiment_id])
+                  if r.data.tags.get("urm_ray.kind") == "trial"]
+        assert len(trials) == 2
+        for run in trials:
+            assert run.info.status == "FINISHED" and run.data.tags["urm_ray.fate"] == "completed"
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/lr")]
+            assert steps == list(range(5, 31, 5)), (run.info.run_name, steps)
+
         deadline = time.monotonic() + 30
         while True:  # the State API is eventually consistent: a finished trial's worker can lag
             workers = list_actors(address=f"http://127.0.0.1:{dashboard}",
                                   filters=[("class_name", "=", "RayTrainWorker")], detail=True,
                                   raise_on_missing_output=False)
-            if len(workers) >= 2 or time.monotonic() > deadline:
+            if len(workers) >= 3 or time.monotonic() > deadline:
                 break
             time.sleep(1)
         used = {w.node_id for w in workers}
-        assert len(workers) == 2 and len(used) == 2, workers
-        assert used == {n.node_id for n in nodes}
+        # the two first workers, one on each worker node; the retry on a node that was left
+        assert len(workers) == 3, workers
+        assert {nodes[0].node_id, nodes[1].node_id} <= used <= {
+            nodes[0].node_id, nodes[1].node_id, replacement.node_id}
     finally:
         cluster.shutdown()
 

@@ -74,18 +74,15 @@ class FateRecorder(Callback):
         tracking.close_run(ctx.tracking_uri, run_id, STATUS[fate])
 
 
-def record_interrupted(ctx: TrialContext, study: optuna.Study, resume_hint: str) -> int:
+def record_interrupted(ctx: TrialContext, study: optuna.Study, resume_hint: str) -> None:
     """After a sweep stopped early: its trial runs left open, or closed FAILED by a driver Ray
     stopped, with no fate of their own, become KILLED with fate ``interrupted``; its RUNNING
-    Optuna trials get ``fate: interrupted``. Returns how many runs it closed."""
-    closed = 0
+    Optuna trials get ``fate: interrupted``."""
     for run in tracking.child_runs(ctx.tracking_uri, ctx.experiment, ctx.parent_run_id):
         if FATE_TAG in run.tags or run.status not in ("RUNNING", "FAILED"):
             continue
         tracking.set_tags(ctx.tracking_uri, run.run_id,
                           {FATE_TAG: INTERRUPTED, REASON_TAG: f"the sweep was interrupted; {resume_hint}"})
         tracking.close_run(ctx.tracking_uri, run.run_id, STATUS[INTERRUPTED])
-        closed += 1
     for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         optuna.Trial(study, frozen._trial_id).set_user_attr(FATE_ATTR, INTERRUPTED)
-    return closed

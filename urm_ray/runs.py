@@ -37,8 +37,8 @@ def kind(run: RunSummary) -> str:
 
 
 def state(run: RunSummary, now: float | None = None) -> str:
-    """MLflow's status, with a trial's fate when that says more (pruned, failed); a RUNNING run
-    whose driver stopped beating is shown as failed."""
+    """MLflow's status, with a trial's fate when that says more (pruned, failed, interrupted); a
+    RUNNING run whose driver stopped beating is shown as failed."""
     if heartbeat.lost(run.status, run.tags, now):
         return "FAILED (driver lost)"
     fate = run.tags.get(FATE_TAG, "")

@@ -163,24 +163,6 @@ def test_all_rows_prior_guided_train_the_prior_through_the_answer(model_batch):
     assert gradient["prior_head.down_proj.weight"].abs().sum() > 0
 
 
-def test_a_row_keeps_its_guide_for_its_whole_trajectory(model_batch):
-    """Whether the prior guides a row is drawn when the row starts and carried with it, so its
-    later segments never see what a posterior wrote into its state; a restarted row draws anew."""
-    torch.manual_seed(0)
-    model = build_model(GRAMConfig(**TINY, prior_rows=0.5), TASK).train()
-    batch = model_batch(TASK, size=32)
-    carry, _ = model(model.initial_carry(batch), batch)
-    first = carry.state["prior_rows"].view(-1)
-    assert 0 < int(first.sum()) < 32  # about half the rows
-    halted = carry.halted.clone()
-    assert not halted.all()  # rows that go on to a second segment
-    carry, _ = model(carry, batch)
-    kept = carry.state["prior_rows"].view(-1)
-    assert torch.equal(kept[~halted], first[~halted])
-    restarted = model.reset_state(carry.state, torch.ones(32, dtype=torch.bool))["prior_rows"].view(-1)
-    assert not torch.equal(restarted, kept)  # 32 fresh draws
-
-
 @pytest.mark.parametrize("reduction", ["sum", "token_mean"])
 def test_aux_loss_is_the_weighted_balanced_kl(model_batch, reduction):
     torch.manual_seed(0)

@@ -63,9 +63,6 @@ LOGVAR_MIN, LOGVAR_MAX = -8.0, 4.0
 Gaussian = tuple[Tensor, Tensor]  # (mean, logvar), each float32 [B, T, latent]
 
 
-PRIOR_ROWS = "prior_rows"  # state key of a guided model with ``prior_rows``: bool [B, 1, 1]
-
-
 class Target(NamedTuple):
     """What guides a training segment: repr(y) [B, T, D], the posterior's input, and the rows
     the prior guides instead (bool [B, 1, 1]; None: none, the posterior guides every row)."""
@@ -101,10 +98,9 @@ class GuidanceConfig:
     # Q-halt label: "label" = the answer equals the label (act_loss's default); "verifier" = a
     # task verifier accepts the answer. The training loop passes the dataset task's verifier.
     halt_target: Literal["label", "verifier"] = "label"
-    # share of training rows the prior guides instead of the posterior, drawn when a row starts
-    # and kept for all its segments, with no KL charged for them: the core and lm_head then also
-    # learn from the trajectories inference decodes (0 = the paper: the posterior guides every
-    # row). For unique-solution tasks: on a multi-solution one these rows learn the mean answer.
+    # share of training rows the prior guides instead of the posterior, drawn per row and
+    # segment, with no KL charged for them: the core and lm_head then also learn from the states
+    # the prior leads to, which inference decodes (0 = the paper: the posterior guides every row)
     prior_rows: float = 0.0
 
     def check_guidance(self) -> None:
@@ -181,33 +177,14 @@ class Guided(nn.Module):
         tokens = self.label_embed(labels.clamp_min(0).long())  # [B, L, D]
         return self.embed_scale * F.pad(tokens, (0, 0, self.prefix_len, 0))
 
-    def empty_state(self, batch_size: int, device: torch.device) -> State:
-        """The core's state, plus with ``prior_rows`` the rows the prior guides (``PRIOR_ROWS``)."""
-        state = super().empty_state(batch_size, device)
-        if self.noise_scale and self.config.prior_rows:
-            state[PRIOR_ROWS] = torch.zeros(batch_size, 1, 1, dtype=torch.bool, device=device)
-        return state
-
-    def reset_state(self, state: State, rows: Tensor) -> State:
-        """The core's reset; a restarted row also draws whether the prior guides it."""
-        assigned = state.get(PRIOR_ROWS)
-        core = super().reset_state({k: v for k, v in state.items() if k != PRIOR_ROWS}, rows)
-        if assigned is None:
-            return core
-        fresh = torch.rand(assigned.shape, device=assigned.device) < self.config.prior_rows
-        return {**core, PRIOR_ROWS: torch.where(rows.view(-1, 1, 1), fresh, assigned)}
-
-    def training_target(self, labels: Tensor, x: Tensor, state: State) -> Optional[Target]:
-        """In training repr(y) and the rows the prior guides; None at inference (the prior
-        guides every row)."""
+    def training_target(self, labels: Tensor, x: Tensor) -> Optional[Target]:
+        """In training repr(y) and the segment's prior-guided rows (``prior_rows``); None at
+        inference (the prior guides)."""
         if not self.training:
             return None
-        return Target(self.embed_labels(labels).to(x.dtype), state.get(PRIOR_ROWS))
-
-    @staticmethod
-    def kept(state: State) -> State:
-        """What of ``state`` a guided segment passes on unchanged: the prior-guided rows."""
-        return {k: v for k, v in state.items() if k == PRIOR_ROWS}
+        share = self.config.prior_rows
+        rows = torch.rand(labels.shape[0], 1, 1, device=labels.device) < share if share else None
+        return Target(self.embed_labels(labels).to(x.dtype), rows)
 
     def free_transition(self, u: Tensor, target: Optional[Target], kls: list[Tensor]) -> Tensor:
         """The guided state after a no-gradient proposal u. With ``kl_transitions: all`` in
@@ -284,7 +261,7 @@ class GRAM(Guided, TRM):
         if self.noise_scale == 0:
             return super().core(state, x, labels)
         rope = self.rope(x.shape[1])
-        target = self.training_target(labels, x, state)
+        target = self.training_target(labels, x)
         z_H, z_L = state["z_H"], state["z_L"]
         kls: list[Tensor] = []  # per-row balanced KL [B] of each charged transition
         for _ in range(self.config.h_cycles - 1):
@@ -293,4 +270,4 @@ class GRAM(Guided, TRM):
             z_H = self.free_transition(u, target, kls)
         u, z_L = self.cycle(z_H, z_L, x, rope)
         z_H = self.graded_transition(u, target, kls)
-        return {"z_H": z_H, "z_L": z_L, **self.kept(state)}, self.guided_outputs(z_H, u, target, kls, labels)
+        return {"z_H": z_H, "z_L": z_L}, self.guided_outputs(z_H, u, target, kls, labels)

@@ -46,7 +46,7 @@ class GRAMURM(Guided, URM):
         if self.noise_scale == 0:
             return super().core(state, x, labels)
         rope = self.rope(x.shape[1])
-        target = self.training_target(labels, x, state)
+        target = self.training_target(labels, x)
         h = state["hidden"]  # [B, T, D]
         kls: list[Tensor] = []  # per-row balanced KL [B] of each charged transition
         for _ in range(self.config.truncation):
@@ -56,4 +56,4 @@ class GRAMURM(Guided, URM):
         for _ in range(self.config.loops - self.config.truncation):
             u = self.blocks(h, x, rope)
             h = self.graded_transition(u, target, kls)
-        return {"hidden": h, **self.kept(state)}, self.guided_outputs(h, u, target, kls, labels)
+        return {"hidden": h}, self.guided_outputs(h, u, target, kls, labels)

@@ -6,7 +6,7 @@ import torch
 
 from urm_ray.errors import ConfigError
 from urm_ray.losses import act_loss
-from urm_ray.models.gram import GRAM, LOGVAR_MAX, LOGVAR_MIN, GRAMConfig, Target
+from urm_ray.models.gram import GRAM, LOGVAR_MAX, LOGVAR_MIN, GRAMConfig
 from urm_ray.models.registry import TaskSpec, build_model, config_class
 from urm_ray.models.trm import TRMConfig
 
@@ -27,7 +27,6 @@ PAPER = {"kl_transitions": "last", "kl_reduction": "sum", "halt_decode": "poster
         ({"noise_scale": -0.5}, "model.noise_scale=-0.5"),
         ({"kl_coef": -1.0}, "model.kl_coef=-1.0"),
         ({"kl_balance": 1.5}, "model.kl_balance=1.5"),
-        ({"prior_rows": 1.5}, "model.prior_rows=1.5"),
         ({"h_cycles": 0}, "model.h_cycles=0"),
     ],
 )
@@ -128,41 +127,6 @@ def test_kl_of_every_posterior_guided_transition_is_positive(model_batch):
     assert outputs["kl"] > outputs["kl_first"] + outputs["kl_last"]
 
 
-def test_prior_guided_rows_take_the_prior_s_draw_and_charge_no_kl(model_batch):
-    """``prior_rows``: in the rows it picks, the training transition is the prior's (the same
-    draw as at inference), and their KL is 0; the other rows are the posterior's, KL charged."""
-    model = build_model(GRAMConfig(**TINY), TASK).train()
-    batch = model_batch(TASK)
-    x = model.embed_input(batch["inputs"], batch["puzzle_identifiers"])
-    u, labels = torch.randn_like(x), model.embed_labels(batch["labels"])
-    rows = torch.tensor([True, False]).view(2, 1, 1)
-
-    def guide(target):
-        torch.manual_seed(3)  # the same noise draw every time
-        return model.guide(u, target, charge=target is not None)
-
-    mixed, kl = guide(Target(labels, rows))
-    prior, _ = guide(None)
-    posterior, posterior_kl = guide(Target(labels, None))
-    torch.testing.assert_close(mixed[0], prior[0])
-    torch.testing.assert_close(mixed[1], posterior[1])
-    assert kl[0] == 0 and kl[1] == posterior_kl[1] > 0
-
-
-def test_all_rows_prior_guided_train_the_prior_through_the_answer(model_batch):
-    """prior_rows = 1: no KL, the posterior gets no gradient, and the lm loss reaches the prior
-    head (through its reparameterised draw) as it reaches the core."""
-    torch.manual_seed(0)
-    model = build_model(GRAMConfig(**TINY, prior_rows=1.0), TASK).train()
-    batch = model_batch(TASK)
-    _, outputs = model(model.initial_carry(batch), batch)
-    assert outputs["kl"] == outputs["aux_loss"] == 0
-    (outputs["logits"].square().mean() + outputs["aux_loss"]).backward()
-    gradient = {name: p.grad for name, p in model.named_parameters()}
-    assert all(gradient[n] is None or not gradient[n].any() for n in gradient if n.startswith("posterior_head."))
-    assert gradient["prior_head.down_proj.weight"].abs().sum() > 0
-
-
 @pytest.mark.parametrize("reduction", ["sum", "token_mean"])
 def test_aux_loss_is_the_weighted_balanced_kl(model_batch, reduction):
     torch.manual_seed(0)
@@ -195,7 +159,7 @@ def _reference_loss(model: GRAM, batch: dict, probe: torch.Tensor) -> torch.Tens
     """The paper's segment by hand: posterior-guided transitions, all states detached but the
     last's, whose KL is the only one charged."""
     x = model.embed_input(batch["inputs"], batch["puzzle_identifiers"])
-    rope, target = model.rope(x.shape[1]), Target(model.embed_labels(batch["labels"]), None)
+    rope, target = model.rope(x.shape[1]), model.embed_labels(batch["labels"])
     z_H, z_L = model.init_z_H.expand_as(x), model.init_z_L.expand_as(x)
     for step in range(model.config.h_cycles):
         last = step == model.config.h_cycles - 1

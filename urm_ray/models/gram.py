@@ -43,7 +43,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from collections.abc import Callable
-from typing import Literal, NamedTuple, Optional
+from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -61,14 +61,6 @@ from urm_ray.models.trm import TRM, TRMConfig
 LOGVAR_MIN, LOGVAR_MAX = -8.0, 4.0
 
 Gaussian = tuple[Tensor, Tensor]  # (mean, logvar), each float32 [B, T, latent]
-
-
-class Target(NamedTuple):
-    """What guides a training segment: repr(y) [B, T, D], the posterior's input, and the rows
-    the prior guides instead (bool [B, 1, 1]; None: none, the posterior guides every row)."""
-
-    labels: Tensor
-    prior_rows: Optional[Tensor]
 
 
 @dataclass
@@ -98,17 +90,12 @@ class GuidanceConfig:
     # Q-halt label: "label" = the answer equals the label (act_loss's default); "verifier" = a
     # task verifier accepts the answer. The training loop passes the dataset task's verifier.
     halt_target: Literal["label", "verifier"] = "label"
-    # share of training rows the prior guides instead of the posterior, drawn per row and
-    # segment, with no KL charged for them: the core and lm_head then also learn from the states
-    # the prior leads to, which inference decodes (0 = the paper: the posterior guides every row)
-    prior_rows: float = 0.0
 
     def check_guidance(self) -> None:
         """Validates the guidance fields; each config's __post_init__ calls it."""
         require(self.latent_dim >= 0, f"model.latent_dim={self.latent_dim} must be >= 0")
         require(self.noise_scale >= 0, f"model.noise_scale={self.noise_scale} must be >= 0")
         require(self.kl_coef >= 0, f"model.kl_coef={self.kl_coef} must be >= 0")
-        require(0.0 <= self.prior_rows <= 1.0, f"model.prior_rows={self.prior_rows} must be in [0, 1]")
         require(
             self.kl_balance is None or 0.0 <= self.kl_balance <= 1.0,
             f"model.kl_balance={self.kl_balance} must be in [0, 1] or null",
@@ -177,16 +164,11 @@ class Guided(nn.Module):
         tokens = self.label_embed(labels.clamp_min(0).long())  # [B, L, D]
         return self.embed_scale * F.pad(tokens, (0, 0, self.prefix_len, 0))
 
-    def training_target(self, labels: Tensor, x: Tensor) -> Optional[Target]:
-        """In training repr(y) and the segment's prior-guided rows (``prior_rows``); None at
-        inference (the prior guides)."""
-        if not self.training:
-            return None
-        share = self.config.prior_rows
-        rows = torch.rand(labels.shape[0], 1, 1, device=labels.device) < share if share else None
-        return Target(self.embed_labels(labels).to(x.dtype), rows)
+    def training_target(self, labels: Tensor, x: Tensor) -> Optional[Tensor]:
+        """repr(y) in training (the posterior's input), None at inference (the prior guides)."""
+        return self.embed_labels(labels).to(x.dtype) if self.training else None
 
-    def free_transition(self, u: Tensor, target: Optional[Target], kls: list[Tensor]) -> Tensor:
+    def free_transition(self, u: Tensor, target: Optional[Tensor], kls: list[Tensor]) -> Tensor:
         """The guided state after a no-gradient proposal u. With ``kl_transitions: all`` in
         training its KL is charged (appended to ``kls``): u has no history, so only the heads
         learn from it and memory stays at one transition."""
@@ -196,13 +178,13 @@ class Guided(nn.Module):
         kls += [kl] if kl is not None else []
         return z.detach()
 
-    def graded_transition(self, u: Tensor, target: Optional[Target], kls: list[Tensor]) -> Tensor:
+    def graded_transition(self, u: Tensor, target: Optional[Tensor], kls: list[Tensor]) -> Tensor:
         """The guided state after a proposal u with gradient; in training its KL joins ``kls``."""
         z, kl = self.guide(u, target, target is not None)
         kls += [kl] if kl is not None else []
         return z
 
-    def guided_outputs(self, z: Tensor, u: Tensor, target: Optional[Target], kls: list[Tensor],
+    def guided_outputs(self, z: Tensor, u: Tensor, target: Optional[Tensor], kls: list[Tensor],
                        labels: Tensor) -> dict[str, Tensor]:
         """The heads on the last guided state z; in training also the Q-halt decode (prior-guided
         from the last proposal u, with ``halt_decode: prior``) and the KL terms."""
@@ -215,22 +197,15 @@ class Guided(nn.Module):
         outputs.update(self.kl_outputs(torch.stack(kls), labels))
         return outputs
 
-    def guide(self, u: Tensor, target: Optional[Target], charge: bool) -> tuple[Tensor, Optional[Tensor]]:
-        """z_H = u + noise_scale * proj(eps), eps from the posterior with a target (training),
-        except in its prior-guided rows, or the prior; with ``charge``, also the per-row
-        balanced KL(q || p) [B] (0 in prior-guided rows: no posterior guided them)."""
-        if target is None:
-            return self.perturb(u, self.prior_head(u)), None
-        posterior = self.posterior_head(torch.cat([u, target.labels], dim=-1))
-        rows = target.prior_rows
-        prior = self.prior_head(u) if charge or rows is not None else None
-        guidance = posterior if rows is None else (
-            torch.where(rows, prior[0], posterior[0]), torch.where(rows, prior[1], posterior[1]))
-        z_H = self.perturb(u, guidance)
-        if not charge:
+    def guide(self, u: Tensor, target: Optional[Tensor], charge: bool) -> tuple[Tensor, Optional[Tensor]]:
+        """z_H = u + noise_scale * proj(eps), eps from the posterior with a target (training) or
+        the prior; with ``charge``, also the per-row balanced KL(q || p) [B]."""
+        posterior = None if target is None else self.posterior_head(torch.cat([u, target], dim=-1))
+        prior = self.prior_head(u) if posterior is None or charge else None
+        z_H = self.perturb(u, posterior if posterior is not None else prior)
+        if posterior is None or not charge:
             return z_H, None
-        kl = gaussian_kl(*posterior, *prior, balance=self.config.kl_balance)
-        return z_H, kl if rows is None else kl * ~rows.view(-1)
+        return z_H, gaussian_kl(*posterior, *prior, balance=self.config.kl_balance)
 
     def perturb(self, u: Tensor, gaussian: Gaussian) -> Tensor:
         """u + noise_scale * proj(eps) with eps a reparameterised draw from ``gaussian``."""

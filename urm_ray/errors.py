@@ -12,7 +12,7 @@ class DataError(ValueError):
 
 class TrainingFailed(RuntimeError):
     """A run stopped on an error in its workers (not a bad config or input); the message is the
-    error's last line, e.g. ``worker rank 0: CheckpointWriteError: the checkpoint of step 10 ...``."""
+    error's last line, e.g. ``worker rank 0: the checkpoint of step 20 could not be written ...``."""
 
     @classmethod
     def from_workers(cls, failures: dict[int, BaseException]) -> "TrainingFailed":

@@ -132,10 +132,12 @@ def test_interrupted_sweep_resumes_to_exactly_the_requested_trials(sweep):
 
 
 def test_ctrl_c_leaves_no_trial_running_and_the_resume_trains_them_on(sweep):
+    """Which trials were still training when Ctrl-C came depends on timing (both may just have
+    finished); whatever it was, none is left RUNNING, and those cut are trained on by the resume
+    (test_tune_fate.py checks each case on a hand-made store)."""
     runs = sweep["stopped"]["runs"]
     assert runs and all(r.info.status != "RUNNING" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
     cut = [r for r in runs if r.data.tags.get("urm_ray.fate") == "interrupted"]
-    assert cut, [(r.info.run_name, r.info.status, r.data.tags.get("urm_ray.fate")) for r in runs]
     assert all(r.info.status == "KILLED" for r in cut)
     assert all("urm-ray sweep --resume tiny" in r.data.tags["urm_ray.fate_reason"] for r in cut)
     open_trials = [t for t in sweep["stopped"]["trials"] if t.state == TrialState.RUNNING]

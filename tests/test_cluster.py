@@ -197,6 +197,21 @@ def test_scale_up_times_out_naming_what_is_missing(monkeypatch):
     assert len(seen) == 2
 
 
+def test_ray_train_polls_its_workers_often_unless_the_user_set_it(monkeypatch):
+    """Ray's 2 s default delays the end of every run and trial by up to a poll (bench/run_overhead.py)."""
+    from ray.train.v2._internal.constants import ENV_VARS_TO_PROPAGATE, HEALTH_CHECK_INTERVAL_S_ENV_VAR
+
+    from urm_ray import cluster
+
+    assert HEALTH_CHECK_INTERVAL_S_ENV_VAR in ENV_VARS_TO_PROPAGATE  # Ray hands it to the controller
+    monkeypatch.delenv(HEALTH_CHECK_INTERVAL_S_ENV_VAR, raising=False)
+    cluster.ray_train_defaults()
+    assert float(os.environ[HEALTH_CHECK_INTERVAL_S_ENV_VAR]) < 2.0
+    monkeypatch.setenv(HEALTH_CHECK_INTERVAL_S_ENV_VAR, "5")
+    cluster.ray_train_defaults()
+    assert os.environ[HEALTH_CHECK_INTERVAL_S_ENV_VAR] == "5"
+
+
 def test_bundles_and_custom_resources_in_the_plan():
     from urm_ray.config import load_config
     from urm_ray.errors import ConfigError

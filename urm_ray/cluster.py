@@ -28,6 +28,11 @@ from urm_ray.errors import ConfigError
 Bundle = dict[str, float]
 log = logging.getLogger(__name__)
 
+# How often Ray Train's controller polls its workers (Ray's default: 2 s). The end of training is
+# seen at the next poll: the default cost every run and every sweep trial about 3 s of worker
+# teardown (bench/run_overhead.py); a poll is one small RPC per worker.
+HEALTH_CHECK_INTERVAL_S = "0.2"
+
 
 def init_ray(num_cpus: int | None = None, verbose: bool = False) -> None:
     """Join the cluster named by $RAY_ADDRESS, or start a private local Ray instance.
@@ -51,11 +56,20 @@ def init_ray(num_cpus: int | None = None, verbose: bool = False) -> None:
         ray.init(**quiet)
         return
     log.info("starting Ray (a private local instance)")
+    # Nothing preempts a private instance's only node: skip Train's preemption-watcher actor (one
+    # more process to start on every run). Set before ray.init, so every Ray process inherits it.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
     ray.init(address="local", num_cpus=num_cpus, dashboard_port=port, **quiet)
+
+
+def ray_train_defaults() -> None:
+    """Ray Train settings for the ``TorchTrainer`` this process builds next, unless the user set
+    them: Ray passes them from this process's environment to the run's controller and workers."""
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S)
 
 
 def holds(cluster: dict[str, float], bundles: list[Bundle]) -> bool:

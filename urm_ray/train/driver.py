@@ -32,7 +32,7 @@ from ray.train import WorkerGroupError
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from urm_ray import heartbeat, tracking
-from urm_ray.cluster import init_ray, scaled_up
+from urm_ray.cluster import init_ray, ray_train_defaults, scaled_up
 from urm_ray.config import RunConfig, dump_yaml, flatten
 from urm_ray.data import builtin, store, stream
 from urm_ray.data.store import DatasetMeta
@@ -138,6 +138,7 @@ def build_trainer(
     resources = {"CPU": cfg.train.cpus_per_worker, **cfg.train.worker_resources}
     if gpu:
         resources["GPU"] = cfg.train.gpus_per_worker
+    ray_train_defaults()
     eval_ds = stream.eval_dataset(cfg.data)
     if cfg.train.eval_max_rows:
         eval_ds = eval_ds.limit(cfg.train.eval_max_rows)

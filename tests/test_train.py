@@ -61,7 +61,7 @@ def test_a_run_learns_and_is_recorded_in_mlflow(ray_local, tmp_path: Path, sudok
     done = _cli(tmp_path, "train", "sudoku4-urm", f"data.path={sudoku4}", f"tracking.tracking_uri={uri}",
                 "tracking.experiment=test", "train.storage_path=runs", "train.steps=300",
                 "train.log_every=20", "train.eval_every=150", "train.checkpoint_every=0",
-                "train.run_name=learn", "optim.warmup_steps=100")
+                "train.run_name=learn", "optim.warmup_steps=100", "train.global_batch_size=64")
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)  # stdout holds the summary alone: Ray's output stays in its logs
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -86,7 +86,7 @@ def test_a_run_learns_and_is_recorded_in_mlflow(ray_local, tmp_path: Path, sudok
     run = client.get_run(summary["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.params["model.loops"] == "4"
-    assert run.data.params["train.global_batch_size"] == "128"
+    assert run.data.params["train.global_batch_size"] == "64"
     assert run.data.params["data.path"] == str(sudoku4)
     assert {"train/lm_loss", "train/exact_accuracy", "train/lr", "train/samples_per_s",
             "eval/exact_accuracy", "eval/token_accuracy", "eval/mean_segments"} <= set(run.data.metrics)

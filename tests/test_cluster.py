@@ -199,7 +199,10 @@ def test_scale_up_times_out_naming_what_is_missing(monkeypatch):
 
 def test_ray_train_polls_its_workers_often_unless_the_user_set_it(monkeypatch):
     """Ray's 2 s default delays the end of every run and trial by up to a poll (bench/run_overhead.py)."""
-    from ray.train.v2._internal.constants import ENV_VARS_TO_PROPAGATE, HEALTH_CHECK_INTERVAL_S_ENV_VAR
+    from ray.train.v2._internal.constants import (
+        ENV_VARS_TO_PROPAGATE,
+        HEALTH_CHECK_INTERVAL_S_ENV_VAR,
+    )
 
     from urm_ray import cluster
 
@@ -253,7 +256,9 @@ def test_sweep_keeps_trial_checkpoints_on_the_base_configs_s3_storage(tmp_path: 
 
 # Long enough trials that a node can be taken away mid-run, after a checkpoint: the retry
 # resumes there (retries: 1, as GPU spaces have by default).
-PREEMPTED_SPACE = {**TINY_SPACE, "retries": 1, "overrides": {
+# retries 2, the default of the GPU spaces (spot nodes): in one of four CI runs a trial failed
+# twice around the removal (its fate not recorded then; the assertion below now shows it)
+PREEMPTED_SPACE = {**TINY_SPACE, "retries": 2, "overrides": {
     **TINY_SPACE["overrides"], "train.steps": 30, "train.log_every": 5, "train.eval_every": 30,
     "train.checkpoint_every": 5}}
 
@@ -304,7 +309,8 @@ def test_sweep_trials_land_on_different_nodes_and_survive_a_preempted_one(tmp_pa
                   if r.data.tags.get("urm_ray.kind") == "trial"]
         assert len(trials) == 2
         for run in trials:
-            assert run.info.status == "FINISHED" and run.data.tags["urm_ray.fate"] == "completed"
+            assert run.info.status == "FINISHED" and run.data.tags["urm_ray.fate"] == "completed", (
+                run.info.run_name, run.info.status, run.data.tags)
             steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/lr")]
             assert steps == list(range(5, 31, 5)), (run.info.run_name, steps)
 

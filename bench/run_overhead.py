@@ -33,8 +33,12 @@ MARKS = (
 
 def _variant(text: str) -> tuple[str, dict[str, str]]:
     name, _, settings = text.partition("=")
-    env = dict(pair.split("=", 1) for pair in settings.split(",") if pair)
-    return name, env
+    pairs = [pair for pair in settings.split(",") if pair]
+    bad = [pair for pair in pairs if "=" not in pair]
+    if not name or bad:
+        raise argparse.ArgumentTypeError(
+            f"--variant {text!r}: expected NAME=ENV=VALUE,ENV=VALUE (or NAME= for the environment as it is)")
+    return name, dict(pair.split("=", 1) for pair in pairs)
 
 
 def _run(args: list[str], env: dict[str, str]) -> dict[str, float]:
@@ -69,9 +73,10 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", default=["sudoku4-urm", "train.steps=50"],
                         help="what follows `urm-ray train`")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--variant", action="append", default=[], help="NAME=ENV=VALUE,... (repeatable)")
+    parser.add_argument("--variant", action="append", type=_variant, default=[],
+                        help="NAME=ENV=VALUE,... (repeatable)")
     args = parser.parse_args()
-    variants = [_variant(v) for v in args.variant] or [("as is", {})]
+    variants = args.variant or [("as is", {})]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
     for round_ in range(args.rounds):
         for name, env in variants:

@@ -2,6 +2,7 @@
 what a run holds from its start (config, dataset input)."""
 
 import json
+import multiprocessing
 from pathlib import Path
 
 import mlflow.data
@@ -13,6 +14,8 @@ from urm_ray.config import load_config
 from urm_ray.data import store, stream
 from urm_ray.data.tasks import sudoku
 from urm_ray.train.driver import open_mlflow_run, resolve
+
+from together import open_runs_on_one_dataset
 
 
 def test_tracking_uri_resolution(tmp_path: Path, monkeypatch):
@@ -73,6 +76,33 @@ def test_log_dataset_records_one_input_that_mlflow_reads_back(tmp_path: Path, mo
     assert (dataset.name, dataset.digest) == ("sudoku4", "0123abcd")
     assert json.loads(dataset.profile) == {"task": "sudoku"}
     assert mlflow.data.get_source(dataset).uri == "/data/sudoku4"
+
+
+def test_runs_starting_together_in_a_new_experiment_on_one_dataset_all_record_it(tmp_path: Path):
+    """A sweep's concurrent trials (or two users' runs) start at once: MLflow's get-or-create of
+    the experiment and its check-then-insert of the dataset race (unique-key failures in most
+    rounds, unhandled): every run must open and record its dataset all the same."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    client = MlflowClient(uri)
+    client.search_experiments()  # creates the store's tables once, before the race
+    rounds, names = 12, ["a", "b"]
+    context = multiprocessing.get_context("spawn")
+    barrier, failures = context.Barrier(len(names)), context.Queue()
+    procs = [context.Process(target=open_runs_on_one_dataset, args=(uri, name, rounds, barrier, failures))
+             for name in names]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+    errors = [failures.get() for _ in range(failures.qsize())]
+    assert not errors, errors
+    assert all(proc.exitcode == 0 for proc in procs)
+    for k in range(rounds):
+        experiment = client.get_experiment_by_name(f"race-{k:03d}")
+        runs = client.search_runs([experiment.experiment_id])
+        assert sorted(r.info.run_name for r in runs) == names
+        for run in runs:
+            assert [d.dataset.digest for d in run.inputs.dataset_inputs] == [f"d{k:03d}"]
 
 
 def test_a_run_holds_its_config_and_dataset_before_training(tmp_path: Path, monkeypatch):

@@ -152,7 +152,9 @@ def test_ctrl_c_leaves_no_trial_running_and_the_resume_trains_them_on(sweep):
 def test_trials_are_pruned_and_recorded_with_their_fate(sweep):
     trials = sweep["info"].study().trials
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
-    assert pruned, [(t.number, t.state, t.intermediate_values) for t in trials]
+    # a failed trial's MLflow run says why (urm_ray.fate_reason)
+    assert pruned, ([(t.number, t.state, t.intermediate_values) for t in trials],
+                    [(r.info.run_name, r.data.tags.get("urm_ray.fate_reason")) for r in _children(sweep)])
     assert all(t.intermediate_values and t.user_attrs["fate"] == "pruned" for t in pruned)
     fates = {r.info.run_name: (r.data.tags["urm_ray.fate"], r.info.status) for r in _children(sweep)}
     for trial in trials:
@@ -169,7 +171,7 @@ def test_trial_runs_hold_sampled_values_full_config_and_curves(sweep):
                 "data.path"} <= set(params)
         assert params["sampled.model.loops"] == params["model.loops"]
         history = client.get_metric_history(run.info.run_id, METRIC)
-        assert history and history[0].step == 10
+        assert history and history[0].step == 10, (run.info.run_name, run.data.tags)
 
 
 def test_parent_run_holds_best_config_leaderboard_and_plots(sweep):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
@@ -30,6 +31,7 @@ TRIAL_TAG = "urm_ray.trial"
 CHECKPOINT_TAG = "urm_ray.checkpoint"  # the final checkpoint (folder or URI) of a finished run
 HEARTBEAT_TAG = "urm_ray.heartbeat"  # unix time of the driver's last beat (`urm_ray.heartbeat`)
 _BATCH_LIMIT = 100  # MLflow accepts at most 100 params per log_batch call
+_DATASET_ATTEMPTS = 3  # log_inputs tries: the dataset's insert races with concurrent runs
 
 
 class Tracker(Protocol):
@@ -143,7 +145,19 @@ def _experiment_id(client: MlflowClient, name: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
-    return client.create_experiment(name)
+    try:
+        return client.create_experiment(name)
+    except MlflowException:  # another process created it between the two calls
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def _is_duplicate(err: MlflowException) -> bool:
+    """A unique-key violation (SQLite, PostgreSQL, MySQL wording), directly or through a server."""
+    text = str(err).lower()
+    return "unique constraint" in text or "duplicate" in text
 
 
 def _param_value(value: Any) -> str:
@@ -157,11 +171,22 @@ def log_dataset(tracking_uri: str, run_id: str, name: str, path: str, digest: st
     MLflow's MetaDataset, but built as the entity itself: MetaDataset carries no profile, and
     resolving a local path to a source warns that it is ambiguous. ``source_type="local"`` with
     ``{"uri": path}`` is MLflow's own local source, so ``mlflow.data.get_source`` reads it back.
-    Logging the same dataset again (a resumed run) adds nothing."""
+    Logging the same dataset again (a resumed run) adds nothing.
+
+    MLflow checks whether the experiment has the dataset, then inserts it: two runs starting
+    together on the same data (a sweep's concurrent trials) race, and the loser's insert breaks
+    the dataset's unique key. That one retries, and then finds the dataset already there."""
     dataset = Dataset(name=name, digest=digest, source_type="local",
                       source=json.dumps({"uri": path}), profile=json.dumps(profile))
-    context = InputTag(MLFLOW_DATASET_CONTEXT, "training")
-    MlflowClient(tracking_uri).log_inputs(run_id, datasets=[DatasetInput(dataset, tags=[context])])
+    inputs = [DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, "training")])]
+    client = MlflowClient(tracking_uri)
+    for attempt in range(_DATASET_ATTEMPTS):
+        try:
+            client.log_inputs(run_id, datasets=inputs)
+            return
+        except MlflowException as err:
+            if not _is_duplicate(err) or attempt == _DATASET_ATTEMPTS - 1:
+                raise
 
 
 def make_tracker(tracking_uri: str, run_id: str, is_rank_zero: bool) -> Tracker:

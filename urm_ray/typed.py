@@ -7,6 +7,7 @@ Used by every config: unknown keys, wrong types and values outside a ``Literal``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -21,8 +22,7 @@ def from_dict(cls: type[T], data: Any, prefix: str = "") -> T:
     """Build dataclass ``cls`` from a mapping, recursively and strictly."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping of keys, got {data!r}")
-    hints = get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    hints, names = _fields(cls)
     unknown = sorted(set(data) - names)
     if unknown:
         where = f"{prefix}." if prefix else ""
@@ -31,6 +31,14 @@ def from_dict(cls: type[T], data: Any, prefix: str = "") -> T:
         )
     kwargs = {name: convert(hints[name], value, _join(prefix, name)) for name, value in data.items()}
     return cls(**kwargs)
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
+    """(resolved annotations, init field names) of a dataclass, once per class: resolving the
+    string annotations is most of the cost of building a config (a space's grid check builds
+    thousands)."""
+    return get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls) if f.init)
 
 
 def to_dict(obj: Any) -> Any:

@@ -2,11 +2,13 @@
 
     python bench/run_overhead.py                                  # sudoku4-urm train.steps=50, 3 rounds
     python bench/run_overhead.py --rounds 5 --variant A= --variant B=RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=2
+    python bench/run_overhead.py --variant in-process= --variant ray-train=+train.in_process=false
 
 Each round runs every variant once, in turn (interleaved), as a fresh process in a scratch
 folder, and stamps each line the run prints with the time since the command started. The phases
 are the spans between the run's own progress lines; each figure is the median over rounds. A
-variant is ``NAME=ENV=VALUE,ENV=VALUE`` (``NAME=`` for the environment as it is).
+variant is ``NAME=ENV=VALUE,ENV=VALUE`` (``NAME=`` for the environment as it is); a ``+key=value``
+among them is a config override added to that variant's command line.
 """
 
 import argparse
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 # (phase name, the log text that ends it), in the order a run prints them
 MARKS = (
@@ -31,14 +34,22 @@ MARKS = (
 )
 
 
-def _variant(text: str) -> tuple[str, dict[str, str]]:
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    env: dict[str, str]
+    overrides: list[str]  # config overrides after the command's own
+
+
+def _variant(text: str) -> Variant:
     name, _, settings = text.partition("=")
     pairs = [pair for pair in settings.split(",") if pair]
     bad = [pair for pair in pairs if "=" not in pair]
     if not name or bad:
         raise argparse.ArgumentTypeError(
-            f"--variant {text!r}: expected NAME=ENV=VALUE,ENV=VALUE (or NAME= for the environment as it is)")
-    return name, dict(pair.split("=", 1) for pair in pairs)
+            f"--variant {text!r}: expected NAME=ENV=VALUE,+key=value,... (or NAME= for the environment as it is)")
+    env = dict(pair.split("=", 1) for pair in pairs if not pair.startswith("+"))
+    return Variant(name, env, [pair[1:] for pair in pairs if pair.startswith("+")])
 
 
 def _run(args: list[str], env: dict[str, str]) -> dict[str, float]:
@@ -74,15 +85,15 @@ def main() -> None:
                         help="what follows `urm-ray train`")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variant", action="append", type=_variant, default=[],
-                        help="NAME=ENV=VALUE,... (repeatable)")
+                        help="NAME=ENV=VALUE,+key=value,... (repeatable)")
     args = parser.parse_args()
-    variants = args.variant or [("as is", {})]
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
+    variants = args.variant or [Variant("as is", {}, [])]
+    runs: dict[str, list[dict[str, float]]] = {v.name: [] for v in variants}
     for round_ in range(args.rounds):
-        for name, env in variants:
-            phases = _run(args.overrides, env)
-            runs[name].append(phases)
-            print(f"round {round_ + 1}/{args.rounds} {name}: {phases['total']:.1f} s", flush=True)
+        for variant in variants:
+            phases = _run([*args.overrides, *variant.overrides], variant.env)
+            runs[variant.name].append(phases)
+            print(f"round {round_ + 1}/{args.rounds} {variant.name}: {phases['total']:.1f} s", flush=True)
     phase_names = [p for p, _ in MARKS] + ["exit", "total"]
     print(f"\nmedian seconds over {args.rounds} rounds: urm-ray train {' '.join(args.overrides)}")
     print(f"| phase | {' | '.join(runs)} |")

@@ -29,12 +29,18 @@ def model_batch():
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A private 2-CPU Ray instance for the whole session (never attaches to a running cluster)."""
+    """A private 2-CPU Ray instance for the whole session, started as the CLI starts one
+    (``init_ray``: never attaches to a running cluster; a single-worker run trains in-process)."""
+    import os
+
     import ray
+
+    from urm_ray.cluster import init_ray
 
     if ray.is_initialized():
         yield ray
         return
-    ray.init(address="local", num_cpus=2)
+    init_ray(num_cpus=2)
     yield ray
     ray.shutdown()
+    os.environ.pop("RAY_API_SERVER_ADDRESS", None)

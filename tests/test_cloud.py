@@ -103,12 +103,19 @@ def mlflow_server(s3, tmp_path_factory):
         server.stop()
 
 
-def train(args: list[str], env: dict[str, str], timeout: float = 420) -> dict:
-    """``urm-ray train`` in a subprocess with its own private Ray instance; its JSON summary."""
+def start_train(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """``urm-ray train`` in a subprocess with its own private Ray instance, in its own process
+    group (``stop_group`` stops it with its Ray processes)."""
     cmd = [sys.executable, "-m", "urm_ray.cli", "train", "sudoku4-urm", *args]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(done.stdout[done.stdout.rfind("\n{\n") + 1:])  # the summary is last
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def summary(proc: subprocess.Popen, timeout: float = 420) -> dict:
+    """Wait for a run started by ``start_train``; its JSON summary."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    return json.loads(out[out.rfind("\n{\n") + 1:])  # the summary is last
 
 
 @pytest.fixture(scope="module")
@@ -124,11 +131,16 @@ def runs(s3, mlflow_server, tmp_path_factory):
                          RAY_ADDRESS="local")
     common = [*TINY_RUN, f"data.path={data}", f"train.storage_path=s3://{BUCKET}/runs"]
     start = time.monotonic()
-    first = train([*common, "train.steps=4"], env)
-    middle = time.monotonic()
-    second = train([*common, "train.steps=8"], env)
+    # the uninterrupted run shares nothing with the first: both train at once
+    straight_run = start_train([*common, "train.steps=8", "train.run_name=s3-straight"], env)
+    try:
+        first = summary(start_train([*common, "train.steps=4"], env))
+        middle = time.monotonic()
+        second = summary(start_train([*common, "train.steps=8"], env))
+        straight = summary(straight_run)
+    finally:
+        stop_group(straight_run)  # nothing left once it has ended; else a failed fixture leaves no run
     print(f"S3 runs: first {middle - start:.0f} s, resumed {time.monotonic() - middle:.0f} s")
-    straight = train([*common, "train.steps=8", "train.run_name=s3-straight"], env)
     return first, second, straight
 
 

@@ -33,9 +33,12 @@ log = logging.getLogger(__name__)
 # teardown (bench/run_overhead.py); a poll is one small RPC per worker.
 HEALTH_CHECK_INTERVAL_S = "0.2"
 
+_private_gcs: str | None = None  # the GCS address of the private instance init_ray started
+
 
 def init_ray(num_cpus: int | None = None, verbose: bool = False) -> None:
-    """Join the cluster named by $RAY_ADDRESS, or start a private local Ray instance.
+    """Join the cluster named by $RAY_ADDRESS, or start a private local Ray instance (also for
+    ``RAY_ADDRESS=local``, which names no cluster).
 
     The local instance's dashboard gets a fixed port, and every Ray process inherits
     RAY_API_SERVER_ADDRESS pointing at it. Train V2's placement-group cleaner (which frees the
@@ -48,10 +51,11 @@ def init_ray(num_cpus: int | None = None, verbose: bool = False) -> None:
     ``ray`` loggers show errors only (Ray Data's too: it runs in this process for ``urm-ray eval``,
     and sets its own level when imported).
     """
+    global _private_gcs
     if not verbose:
         logging.getLogger("ray.data").setLevel(logging.ERROR)
     quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
-    if os.environ.get("RAY_ADDRESS"):
+    if os.environ.get("RAY_ADDRESS", "local") != "local":
         log.info("joining Ray at %s", os.environ["RAY_ADDRESS"])
         ray.init(**quiet)
         return
@@ -64,6 +68,13 @@ def init_ray(num_cpus: int | None = None, verbose: bool = False) -> None:
         port = probe.getsockname()[1]
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
     ray.init(address="local", num_cpus=num_cpus, dashboard_port=port, **quiet)
+    _private_gcs = ray.get_runtime_context().gcs_address
+
+
+def on_private_instance() -> bool:
+    """Whether this process runs on the private local Ray instance it started (``init_ray``): one
+    machine, this one, so a single worker may as well run here (``driver.runs_in_process``)."""
+    return ray.is_initialized() and ray.get_runtime_context().gcs_address == _private_gcs
 
 
 def ray_train_defaults() -> None:

@@ -18,6 +18,7 @@ import random
 import shutil
 from contextlib import suppress
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +115,27 @@ def upload(source: Path, fs: pyarrow.fs.FileSystem, dest: str, step: int) -> Non
                                    f"({err}); nothing of it was kept there") from err
 
 
+def saved_local(run_folder: Path) -> list[Path]:
+    """A run's complete checkpoint folders on local storage (``checkpoint_<time>``), oldest first."""
+    return sorted(p for p in run_folder.glob("checkpoint_2*") if (p / STATE_FILE).is_file())
+
+
 def latest_local(run_folder: Path) -> Path | None:
     """The newest complete checkpoint folder of a run on local storage (``checkpoint_<time>``)."""
-    saved = sorted(p for p in run_folder.glob("checkpoint_2*") if (p / STATE_FILE).is_file())
+    saved = saved_local(run_folder)
     return saved[-1] if saved else None
+
+
+def persist_local(source: Path, run_folder: Path, step: int, keep: int) -> Path:
+    """What Ray Train's storage does for its workers, for a run trained in the driver's process:
+    ``upload`` the checkpoint folder to ``run_folder/checkpoint_<time>`` (Ray's naming, so either
+    way of running resumes from the other's checkpoints), then delete all but the newest ``keep``."""
+    run_folder.mkdir(parents=True, exist_ok=True)
+    dest = run_folder / f"checkpoint_{datetime.now():%Y-%m-%d_%H-%M-%S.%f}"
+    upload(source, pyarrow.fs.LocalFileSystem(), str(dest), step)
+    for old in saved_local(run_folder)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return dest
 
 
 def load_state(folder: Path) -> dict[str, Any]:

@@ -28,20 +28,21 @@ import pyarrow
 import pyarrow.fs
 import ray
 import ray.train
+import torch
 from ray.train import WorkerGroupError
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from urm_ray import heartbeat, tracking
-from urm_ray.cluster import init_ray, ray_train_defaults, scaled_up
+from urm_ray.cluster import init_ray, on_private_instance, ray_train_defaults, scaled_up
 from urm_ray.config import RunConfig, dump_yaml, flatten
 from urm_ray.data import builtin, store, stream
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import registry
-from urm_ray.errors import ConfigError, TrainingDiverged, TrainingFailed
+from urm_ray.errors import ConfigError, DataError, TrainingDiverged, TrainingFailed
 from urm_ray.progress import Progress
 from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, REASON_TAG
 from urm_ray.train.checkpoint import latest_local
-from urm_ray.train.live import watching
+from urm_ray.train.live import Direct, watching
 from urm_ray.train.loop import train_loop_per_worker
 from urm_ray.typed import to_dict
 
@@ -129,12 +130,27 @@ def check_resources(cfg: RunConfig, gpu: bool) -> None:
         )
 
 
+def runs_in_process(cfg: RunConfig, callbacks: list[Any] | None = None) -> bool:
+    """Whether the run's one worker runs in this process (``train.in_process``, see TrainConfig).
+    ``callbacks`` (a sweep's trial reporting to Tune) need Ray Train's controller."""
+    remote = "://" in cfg.train.storage_path
+    if cfg.train.in_process == "auto":
+        return (cfg.train.num_workers == 1 and not cfg.train.max_failures and not remote
+                and not cfg.train.worker_resources and not callbacks and on_private_instance())
+    if cfg.train.in_process and (remote or callbacks):
+        raise ConfigError(f"train.in_process=true keeps checkpoints in a local folder and reports to "
+                          f"no sweep: it needs a local train.storage_path (got {cfg.train.storage_path!r})"
+                          " and a run outside a sweep; use auto or false")
+    return cfg.train.in_process
+
+
 def build_trainer(
     cfg: RunConfig, run_id: str | None, gpu: bool, callbacks: list[Any] | None = None,
-    inbox: Any = None,
+    inbox: Any = None, in_process: bool = False,
 ) -> TorchTrainer:
     """``callbacks``: Ray Train ``UserCallback``s, e.g. Tune's ``TuneReportCallback`` in a sweep;
-    ``inbox``: where rank 0 sends its progress (``live.watching``), None: nowhere."""
+    ``inbox``: where rank 0 sends its progress (``live.watching``), None: nowhere; ``in_process``:
+    run the one worker in this process (Ray Train's local mode, ``num_workers=0``)."""
     resources = {"CPU": cfg.train.cpus_per_worker, **cfg.train.worker_resources}
     if gpu:
         resources["GPU"] = cfg.train.gpus_per_worker
@@ -149,10 +165,14 @@ def build_trainer(
             "run_id": run_id or "",
             "tracking_uri": cfg.tracking.tracking_uri,
             "progress": inbox,
+            "run_folder": "" if "://" in cfg.train.storage_path else str(
+                Path(cfg.train.storage_path) / cfg.train.run_name),
+            "in_process": in_process,
         },
         torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(
-            num_workers=cfg.train.num_workers, use_gpu=gpu, resources_per_worker=resources
+            num_workers=0 if in_process else cfg.train.num_workers, use_gpu=gpu and not in_process,
+            resources_per_worker=None if in_process else resources,
         ),
         run_config=ray.train.RunConfig(
             name=cfg.train.run_name,
@@ -218,19 +238,22 @@ def _fit(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None,
     if not gpu:
         cfg.train.warn_unused_on_cpu()
     check_resources(cfg, gpu)
+    in_process = runs_in_process(cfg, callbacks)
     run_id = open_mlflow_run(cfg, meta, tags, params)
-    logger.info("starting %d Ray Train worker(s) (%s) for run %s", cfg.train.num_workers,
-                "GPU" if gpu else "CPU", cfg.train.run_name)
+    logger.info("starting %d Ray Train worker(s) (%s)%s for run %s", cfg.train.num_workers,
+                "GPU" if gpu else "CPU", " in this process" if in_process else "", cfg.train.run_name)
     try:
-        with (_noting_sigint() as interrupted, _watched(progress) as inbox,
-              heartbeat.beating(cfg.tracking.tracking_uri, run_id)):
-            result = build_trainer(cfg, run_id, gpu, callbacks, inbox).fit()
+        with (_noting_sigint() as interrupted, _watched(progress, in_process) as inbox,
+              heartbeat.beating(cfg.tracking.tracking_uri, run_id), _torch_threads_kept()):
+            result = build_trainer(cfg, run_id, gpu, callbacks, inbox, in_process).fit()
     except BaseException as err:
         diverged = _record_failure(cfg, run_id, err, interrupted())
         if diverged is not None:  # the reason in one line, not Ray's worker traceback
             raise diverged from None
         if isinstance(err, WorkerGroupError) and err.worker_failures:
             raise TrainingFailed.from_workers(err.worker_failures) from None
+        if in_process and isinstance(err, Exception) and not isinstance(err, (ConfigError, DataError)):
+            raise TrainingFailed.from_workers({0: err}) from err  # as a worker's failure reads
         raise
     ckpt_path = checkpoint_uri(result.checkpoint)
     if run_id:
@@ -238,9 +261,22 @@ def _fit(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None,
     return FitResult(cfg.train.run_name, dict(result.metrics or {}), ckpt_path, run_id)
 
 
-def _watched(progress: Progress | None) -> Any:
-    """``live.watching(progress)``, or no inbox at all when nobody watches."""
-    return nullcontext(None) if progress is None else watching(progress)
+@contextmanager
+def _torch_threads_kept() -> Iterator[None]:
+    """A loop run in this process sets torch's thread count for its worker; the caller's comes back."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _watched(progress: Progress | None, in_process: bool) -> Any:
+    """``live.watching(progress)``, the progress itself for a loop in this process, or no inbox
+    at all when nobody watches."""
+    if progress is None:
+        return nullcontext(None)
+    return nullcontext(Direct(progress)) if in_process else watching(progress)
 
 
 def _record_failure(cfg: RunConfig, run_id: str | None, err: BaseException,

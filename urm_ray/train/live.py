@@ -3,6 +3,7 @@
     with watching(progress) as inbox:             # driver: shows what arrives, twice a second
         build_trainer(..., inbox=inbox).fit()
     sender = Sender(inbox if rank == 0 else None)  # worker: phase, start, step, report
+    sender = Sender(Direct(progress))              # a loop in the driver's own process
 
 Why a small actor that rank 0 writes to: in Ray Train 2.x the loop runs in worker actors while
 the driver blocks in ``fit()``. A ``ray.train.UserCallback`` runs in the Train controller (another
@@ -56,8 +57,30 @@ class Inbox:
         return events
 
 
+class Remote:
+    """The ``Inbox`` actor as rank 0 sees it: each send is fire-and-forget."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def put(self, event: Event) -> None:
+        self.actor.put.remote(event)  # not awaited: the loop goes on at once
+
+
+class Direct:
+    """The inbox of a loop in the driver's own process (``train.in_process``): shows each event
+    as it is sent, with no actor between."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+
+    def put(self, event: Event) -> None:
+        show(self.progress, event)
+
+
 class Sender:
-    """A worker's side; ``inbox`` None (ranks other than 0, runs nobody watches): does nothing."""
+    """A worker's side; ``inbox`` (``Remote`` or ``Direct``) None (ranks other than 0, runs
+    nobody watches): does nothing."""
 
     def __init__(self, inbox: Any = None, every_s: float = STEP_EVERY_S) -> None:
         self.inbox, self.every_s = inbox, every_s
@@ -80,7 +103,7 @@ class Sender:
 
     def _put(self, event: Event) -> None:
         if self.inbox is not None:
-            self.inbox.put.remote(event)  # not awaited: the loop goes on at once
+            self.inbox.put(event)
 
 
 def train_fields(metrics: dict[str, Any]) -> dict[str, str]:
@@ -109,8 +132,8 @@ def show(progress: Progress, event: Event) -> None:
 
 @contextmanager
 def watching(progress: Progress, poll_s: float = POLL_S) -> Iterator[Any]:
-    """Yields the inbox to hand to rank 0; a thread shows its events until the block ends. The
-    progress stays open: its owner closes it once the run has ended (after the upload)."""
+    """Yields the inbox (``Remote``) to hand to rank 0; a thread shows its events until the block
+    ends. The progress stays open: its owner closes it once the run has ended (after the upload)."""
     inbox = Inbox.remote()
     stop = threading.Event()
 
@@ -131,7 +154,7 @@ def watching(progress: Progress, poll_s: float = POLL_S) -> Iterator[Any]:
     thread = threading.Thread(target=loop, name="urm_ray-progress", daemon=True)
     thread.start()
     try:
-        yield inbox
+        yield Remote(inbox)
     finally:
         stop.set()
         thread.join()

@@ -42,7 +42,9 @@ from urm_ray.typed import to_dict
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Entry point for each Ray Train worker. ``loop_config``: config dict, MLflow run id/URI,
-    the driver's progress inbox (None: nobody watches)."""
+    the driver's progress inbox (None: nobody watches), the run's folder on local storage ("":
+    remote storage) and whether the loop runs in the driver's process (Ray Train's local mode,
+    which keeps no checkpoints: the loop writes them into that folder itself)."""
     cfg = build_config(loop_config["config"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -62,7 +64,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     )
     ema = EMA(model, cfg.optim.ema_decay) if cfg.optim.ema else None
     optimizers = build_optimizers(model, cfg.optim)
-    position, carry = _maybe_restore(model, ema, optimizers, rank, cfg.train.seed)
+    run_folder = Path(loop_config["run_folder"]) if loop_config["run_folder"] else None
+    position, carry = _maybe_restore(model, ema, optimizers, rank, cfg.train.seed, run_folder)
     if position.step:
         progress.phase(f"restored step {position.step} from the latest checkpoint")
     tracker = make_tracker(loop_config["tracking_uri"], loop_config["run_id"], rank == 0)
@@ -73,6 +76,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     if registry.of(meta).versioned:
         trainer.arc_views = cfg.train.eval_arc_views
     trainer.progress = progress
+    trainer.persist_to = run_folder if loop_config["in_process"] else None
     trainer.run(position, None if carry is None else carry.to(device))
 
 
@@ -109,8 +113,13 @@ def _threads(cfg: RunConfig) -> int:
 
 
 def _maybe_restore(model: nn.Module, ema: EMA | None, optimizers: list[Any], rank: int,
-                   seed: int) -> tuple[Position, Any]:
+                   seed: int, run_folder: Path | None) -> tuple[Position, Any]:
+    """From Ray Train's latest checkpoint of the run, else (a run in the driver's process, or one
+    that an in-process run began) the newest complete one in its local folder."""
     ckpt = ray.train.get_checkpoint()
+    if ckpt is None and run_folder is not None:
+        latest = checkpoint.latest_local(run_folder)
+        ckpt = None if latest is None else ray.train.Checkpoint(str(latest))
     if ckpt is None:
         return Position(), None
     with ckpt.as_directory() as folder:
@@ -141,6 +150,9 @@ class Trainer:
         # ARC data: augmented views of each held-out test input voted for arc/pass_at_k (0 = none)
         self.arc_views = 0
         self.progress = Sender()  # rank 0 of a watched run: sends its steps to the driver
+        # in the driver's process (Ray Train's local mode, which stores nothing): the run's
+        # local folder, where ``_report`` writes the checkpoints itself (None: Ray Train does)
+        self.persist_to: Path | None = None
 
     def run(self, position: Position, carry: Any = None) -> None:
         """Train from ``position`` (and the restored ACT ``carry``, if any) to ``train.steps``."""
@@ -330,10 +342,17 @@ class Trainer:
         self.progress.phase(f"saving the checkpoint at step {position.step}")
         ranks = self._gather(checkpoint.rank_state(carry))
         with tempfile.TemporaryDirectory() as folder:
-            ckpt = None
             if self.rank == 0:
                 checkpoint.save(Path(folder), self.model, self.ema, self.optimizers, position,
                                 to_dict(self.cfg), ranks)
-                ckpt = ray.train.Checkpoint.from_directory(folder)
-            ray.train.report(metrics, checkpoint=ckpt,
-                             checkpoint_upload_fn=lambda ckpt, name: _upload(ckpt, name, position.step))
+            self._report_checkpoint(Path(folder), metrics, position.step)
+
+    def _report_checkpoint(self, folder: Path, metrics: dict[str, Any], step: int) -> None:
+        """Report the metrics with rank 0's checkpoint in ``folder`` (other ranks report none)."""
+        if self.persist_to is not None:  # the one rank, in the driver's process
+            dest = checkpoint.persist_local(folder, self.persist_to, step, self.cfg.train.keep_checkpoints)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint(str(dest)))
+            return
+        ckpt = ray.train.Checkpoint.from_directory(str(folder)) if self.rank == 0 else None
+        ray.train.report(metrics, checkpoint=ckpt,
+                         checkpoint_upload_fn=lambda ckpt, name: _upload(ckpt, name, step))

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -106,6 +109,26 @@ def resolve_tracking_uri(configured: str) -> str:
     if "://" not in uri:
         return Path(uri).resolve().as_uri()
     return uri
+
+
+@contextmanager
+def store_opening(tracking_uri: str) -> Iterator[None]:
+    """Open the MLflow store in a thread while the block runs (the driver starts Ray meanwhile):
+    a new SQLite store creates its tables first, about 2.5 s here. Joined before the block's end,
+    so no other MLflow call races with it; a store that fails to open fails again, with its
+    message, at the caller's first real call."""
+    def open_store() -> None:
+        try:
+            MlflowClient(tracking_uri).search_experiments(max_results=1)
+        except Exception:  # noqa: BLE001 (reported by the caller's own call)
+            pass
+
+    thread = threading.Thread(target=open_store, name="urm_ray-mlflow-store", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 def open_run(

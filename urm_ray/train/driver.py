@@ -218,8 +218,9 @@ def fit(
     logger.info("data: %s", ", ".join(f"{name} {split.num_rows} rows"
                                       for name, split in meta.splits.items()))
     check_storage(cfg.train.storage_path)
-    if not ray.is_initialized():
-        init_ray(verbose=verbose)
+    with tracking.store_opening(cfg.tracking.tracking_uri) if cfg.tracking.enabled else nullcontext():
+        if not ray.is_initialized():
+            init_ray(verbose=verbose)
     with scaled_up(worker_bundles(cfg), scale_up_s):
         return _fit(cfg, meta, tags, callbacks, params, progress)
 

@@ -94,3 +94,10 @@ def test_an_in_process_run_resumes_exactly_on_either_path(ray_local, tmp_path: P
     assert moved.metrics["step"] == 8
     for name, value in _weights(straight.checkpoint_path).items():
         assert torch.equal(_weights(moved.checkpoint_path)[name], value), name
+
+
+def test_in_process_the_driver_chooses_the_device():
+    """Ray Train's local mode would take any visible GPU; ``train.device=cpu`` must stay on the CPU."""
+    from urm_ray.train.loop import _device
+
+    assert _device({"in_process": True, "gpu": False}) == torch.device("cpu")

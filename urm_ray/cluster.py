@@ -36,7 +36,7 @@ HEALTH_CHECK_INTERVAL_S = "0.2"
 _private_gcs: str | None = None  # the GCS address of the private instance init_ray started
 
 
-def init_ray(num_cpus: int | None = None, verbose: bool = False) -> None:
+def init_ray(num_cpus: int | None = None, verbose: bool = False, dashboard: bool = True) -> None:
     """Join the cluster named by $RAY_ADDRESS, or start a private local Ray instance (also for
     ``RAY_ADDRESS=local``, which names no cluster).
 
@@ -44,7 +44,9 @@ def init_ray(num_cpus: int | None = None, verbose: bool = False) -> None:
     RAY_API_SERVER_ADDRESS pointing at it. Train V2's placement-group cleaner (which frees the
     workers of a run, or of a trial Tune stopped) queries the State API without an address; with
     several Ray instances on one machine it cannot tell which is its own, prints a traceback and
-    gives up, and a stopped trial's CPUs stay reserved until the sweep deadlocks.
+    gives up, and a stopped trial's CPUs stay reserved until the sweep deadlocks. A private
+    instance for a run that trains in this process needs no State API (``dashboard=False``): one
+    second less to start here, and a dozen dashboard processes fewer competing with training.
 
     Quiet (``verbose=False``): the output of Ray's workers and actors stays in Ray's log files
     (``/tmp/ray/session_latest/logs``) instead of reaching this terminal, and the driver's
@@ -63,6 +65,10 @@ def init_ray(num_cpus: int | None = None, verbose: bool = False) -> None:
     # Nothing preempts a private instance's only node: skip Train's preemption-watcher actor (one
     # more process to start on every run). Set before ray.init, so every Ray process inherits it.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    if not dashboard:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **quiet)
+        _private_gcs = ray.get_runtime_context().gcs_address
+        return
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

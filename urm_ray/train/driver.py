@@ -133,15 +133,23 @@ def check_resources(cfg: RunConfig, gpu: bool) -> None:
 def runs_in_process(cfg: RunConfig, callbacks: list[Any] | None = None) -> bool:
     """Whether the run's one worker runs in this process (``train.in_process``, see TrainConfig).
     ``callbacks`` (a sweep's trial reporting to Tune) need Ray Train's controller."""
-    remote = "://" in cfg.train.storage_path
     if cfg.train.in_process == "auto":
-        return (cfg.train.num_workers == 1 and not cfg.train.max_failures and not remote
-                and not cfg.train.worker_resources and not callbacks and on_private_instance())
-    if cfg.train.in_process and (remote or callbacks):
+        return _alone(cfg, callbacks) and on_private_instance()
+    if cfg.train.in_process and ("://" in cfg.train.storage_path or callbacks):
         raise ConfigError(f"train.in_process=true keeps checkpoints in a local folder and reports to "
                           f"no sweep: it needs a local train.storage_path (got {cfg.train.storage_path!r})"
                           " and a run outside a sweep; use auto or false")
     return cfg.train.in_process
+
+
+def _alone(cfg: RunConfig, callbacks: list[Any] | None) -> bool:
+    """A run whose one worker may train in the driver's process, if Ray runs on this machine only:
+    ``train.in_process`` true, or auto with one worker, no restarts, no custom worker resources,
+    local storage and no sweep callbacks."""
+    if cfg.train.in_process != "auto":
+        return bool(cfg.train.in_process)
+    return (cfg.train.num_workers == 1 and not cfg.train.max_failures and not callbacks
+            and not cfg.train.worker_resources and "://" not in cfg.train.storage_path)
 
 
 def build_trainer(
@@ -168,6 +176,7 @@ def build_trainer(
             "run_folder": "" if "://" in cfg.train.storage_path else str(
                 Path(cfg.train.storage_path) / cfg.train.run_name),
             "in_process": in_process,
+            "gpu": gpu,
         },
         torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(
@@ -219,8 +228,8 @@ def fit(
                                       for name, split in meta.splits.items()))
     check_storage(cfg.train.storage_path)
     with tracking.store_opening(cfg.tracking.tracking_uri) if cfg.tracking.enabled else nullcontext():
-        if not ray.is_initialized():
-            init_ray(verbose=verbose)
+        if not ray.is_initialized():  # a run that will train in this process needs no dashboard
+            init_ray(verbose=verbose, dashboard=not _alone(cfg, callbacks))
     with scaled_up(worker_bundles(cfg), scale_up_s):
         return _fit(cfg, meta, tags, callbacks, params, progress)
 

@@ -43,8 +43,8 @@ from urm_ray.typed import to_dict
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Entry point for each Ray Train worker. ``loop_config``: config dict, MLflow run id/URI,
     the driver's progress inbox (None: nobody watches), the run's folder on local storage ("":
-    remote storage) and whether the loop runs in the driver's process (Ray Train's local mode,
-    which keeps no checkpoints: the loop writes them into that folder itself)."""
+    remote storage), whether the loop runs in the driver's process (Ray Train's local mode,
+    which keeps no checkpoints: the loop writes them into that folder itself) and on a GPU."""
     cfg = build_config(loop_config["config"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -56,11 +56,11 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     task = TaskSpec(meta.vocab_size, meta.seq_len, stream.puzzle_table_size(meta, cfg.data))
     model = build_model(cfg.model, task)
     torch.manual_seed(checkpoint.rank_seed(cfg.train.seed, rank))  # then each rank draws its own
-    device = ray.train.torch.get_device()
+    device = _device(loop_config)
     # DDP broadcasts rank 0's weights; the puzzle table is a buffer updated identically on every
     # rank by the sign-SGD optimizer (which all-gathers its rows), so buffers are not broadcast.
     wrapped = ray.train.torch.prepare_model(
-        model, parallel_strategy_kwargs={"broadcast_buffers": False}
+        model, move_to_device=device, parallel_strategy_kwargs={"broadcast_buffers": False}
     )
     ema = EMA(model, cfg.optim.ema_decay) if cfg.optim.ema else None
     optimizers = build_optimizers(model, cfg.optim)
@@ -78,6 +78,14 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     trainer.progress = progress
     trainer.persist_to = run_folder if loop_config["in_process"] else None
     trainer.run(position, None if carry is None else carry.to(device))
+
+
+def _device(loop_config: dict[str, Any]) -> torch.device:
+    """The worker's device from Ray Train; in the driver's process (Ray Train's local mode takes
+    any visible GPU) the driver's choice: the current GPU, or the CPU for ``train.device=cpu``."""
+    if not loop_config["in_process"]:
+        return ray.train.torch.get_device()
+    return torch.device("cuda", torch.cuda.current_device()) if loop_config["gpu"] else torch.device("cpu")
 
 
 def _per_row(metric: str) -> bool:

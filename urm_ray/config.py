@@ -53,9 +53,10 @@ class TrainConfig:
     max_failures: int = 0  # worker-group restarts from the latest checkpoint after a crash
     # Run the one worker in the driver's own process (Ray Train's local mode, with this package's
     # checkpoint storage) instead of a Ray Train worker actor: no controller, worker group or data
-    # split actors to start, about 10 s less per run on 2 cores (bench/run_overhead.py). auto = when
-    # that changes nothing else: one worker, no restarts (max_failures 0), no custom worker
-    # resources, a local storage folder, and a private local Ray instance (no cluster joined)
+    # split actors to start (a 50-step sudoku4-urm run: 43 -> 21 s on 2 cores,
+    # bench/run_overhead.py). auto = when that changes nothing else: one worker, no restarts
+    # (max_failures 0), no custom worker resources, a local storage folder, and a private local
+    # Ray instance (no cluster joined)
     in_process: bool | Literal["auto"] = "auto"
     # bf16 autocast, applied only on GPU: auto = on GPU; true = the same, but says it asked for
     # it, so a run on CPU warns that it has no effect; false = off
@@ -89,8 +90,8 @@ class TrainConfig:
             raise ConfigError(f"train.torch_threads={self.torch_threads} must be >= 0")
         if self.in_process is True and (self.num_workers != 1 or self.max_failures or self.worker_resources):
             raise ConfigError(
-                f"train.in_process=true runs one worker in the driver's process: it needs train.num_workers=1 "
-                f"(got {self.num_workers}), train.max_failures=0 (got {self.max_failures}) and no "
+                "train.in_process=true runs one worker in the driver's process: it needs "
+                f"train.num_workers=1 (got {self.num_workers}), train.max_failures=0 (got {self.max_failures}) and no "
                 f"train.worker_resources (got {self.worker_resources})")
         if self.keep_checkpoints < 1:
             raise ConfigError(f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")

@@ -61,6 +61,39 @@ def test_forward_only_passes_kl_trains_only_the_heads(model_batch):
         model_batch(TASK), "blocks.")
 
 
+# --- one latent per row (latent_scope: row) ------------------------------------------------------
+
+ROW = {**TINY, "puzzle_emb_dim": 0, "latent_scope": "row"}
+
+
+def test_row_latent_is_one_draw_added_at_every_position():
+    torch.manual_seed(0)
+    model = build_model(GRAMURMConfig(**ROW), TASK)
+    u = torch.randn(3, TASK.seq_len, 32)
+    mean, logvar = model.prior_head(u)
+    assert mean.shape == logvar.shape == (3, 1, 8)
+    step = model.perturb(u, (mean, logvar)) - u  # [3, L, 32]
+    torch.testing.assert_close(step, step[:, :1].expand_as(step))  # the same vector at each position
+    assert not torch.allclose(step[0], step[1])  # a draw per row
+
+
+def test_row_posterior_tells_apart_answers_that_differ_only_in_where_tokens_sit():
+    """A blank board's embeddings are alike at every position under RoPE, so the row scope adds
+    learned positions: the pooled posterior then sees which token sits where, not only how many."""
+    torch.manual_seed(0)
+    model = build_model(GRAMURMConfig(**ROW), TASK).train()
+    blank = torch.ones(1, TASK.seq_len, dtype=torch.long)
+    x = model.embed_input(blank, torch.zeros(1, dtype=torch.long))
+    assert not torch.allclose(x[0, 0], x[0, 1])  # positions read apart on the blank board
+    label = torch.arange(TASK.seq_len).remainder(3).unsqueeze(0) + 1
+    shuffled = label.flip(-1)  # the same token counts in other places
+    means = [model.posterior_head(torch.cat([x, model.embed_labels(y)], dim=-1))[0] for y in (label, shuffled)]
+    assert not torch.allclose(*means)
+    _, outputs = model(model.initial_carry({"inputs": blank, "labels": label, "puzzle_identifiers": blank[:, 0]}),
+                       {"inputs": blank, "labels": label, "puzzle_identifiers": blank[:, 0]})
+    assert outputs["kl"] > 0
+
+
 # --- a short in-process training run on 4x4 Sudoku: the prior decodes valid answers -------------
 
 SUDOKU = {"hidden_size": 32, "num_heads": 2, "num_layers": 1, "expansion": 2.0, "loops": 3, "truncation": 1,

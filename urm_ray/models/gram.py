@@ -31,11 +31,14 @@ label it teaches the Q-head to halt at once, and deep supervision never sees lat
 a TRM state dict loads). Samples differ only through the global torch RNG; N trajectories run
 as one batch (see urm_ray.train.evaluate.evaluate_sampled).
 
-Small-scale caveat: the guidance is per position and the lm_head decodes z_H per position right
-after the last draw, so a briefly trained tiny model learns a per-cell posterior code that its
-prior cannot coordinate: on 6x6 N-Queens a CPU-minute model reconstructs from the posterior but
-its prior samples are not valid boards, whatever kl_coef (1: KL stays ~10 nats, 10: the posterior
-collapses onto the prior). See the README's GRAM section for the measured recipes.
+Multi-solution tasks (``latent_scope: row``): with one latent per position the posterior writes
+the answer cell by cell (6x6 N-Queens from the blank board: 23-78 nats per board where log 4 =
+1.4 would do) and the prior, which draws each cell's noise alone, never decodes a valid board.
+With one latent per row (the heads read their hidden features averaged over positions, and the
+draw is added at every position) the posterior can only name which answer; the core decodes it.
+Under RoPE a blank board reads alike at every position, so this scope also adds learned absolute
+positions to the input. ``kl_free_nats`` (free bits on the posterior's side) is there against the
+collapse the row latent can fall into before the core learns to read it.
 """
 
 from __future__ import annotations
@@ -76,6 +79,9 @@ class GuidanceConfig:
     kl_coef: float = 1.0
     # KL balancing: share of the KL gradient that trains the prior (paper 0.8); null = plain KL
     kl_balance: Optional[float] = 0.8
+    # free bits: a row's KL at a transition below this many nats does not pull the posterior
+    # towards the prior (the prior still learns its kl_balance share); 0 = off (paper)
+    kl_free_nats: float = 0.0
     # transitions whose KL is charged: "all" = every posterior-guided one, the no-gradient ones
     # training only the two heads (on the detached proposal u); "last" = only those with
     # gradient: on TRM's core the segment's last one (the paper's algorithm 1, which lets the
@@ -90,12 +96,18 @@ class GuidanceConfig:
     # Q-halt label: "label" = the answer equals the label (act_loss's default); "verifier" = a
     # task verifier accepts the answer. The training loop passes the dataset task's verifier.
     halt_target: Literal["label", "verifier"] = "label"
+    # where a transition's latent lives: "position" = one per position (paper), "row" = one per
+    # row (trajectory), read by the heads from their features pooled over positions and added
+    # to every position: on multi-solution tasks the posterior can only name which answer, not
+    # write it cell by cell
+    latent_scope: Literal["position", "row"] = "position"
 
     def check_guidance(self) -> None:
         """Validates the guidance fields; each config's __post_init__ calls it."""
         require(self.latent_dim >= 0, f"model.latent_dim={self.latent_dim} must be >= 0")
         require(self.noise_scale >= 0, f"model.noise_scale={self.noise_scale} must be >= 0")
         require(self.kl_coef >= 0, f"model.kl_coef={self.kl_coef} must be >= 0")
+        require(self.kl_free_nats >= 0, f"model.kl_free_nats={self.kl_free_nats} must be >= 0")
         require(
             self.kl_balance is None or 0.0 <= self.kl_balance <= 1.0,
             f"model.kl_balance={self.kl_balance} must be in [0, 1] or null",
@@ -118,16 +130,22 @@ class GRAMConfig(TRMConfig, GuidanceConfig):
 
 
 class GaussianHead(nn.Module):
-    """SwiGLU head: features [..., in_dim] -> (mean, clamped log-variance), each [..., latent] float32."""
+    """SwiGLU head: features [B, T, in_dim] -> (mean, clamped log-variance), each [B, T, latent]
+    float32, or [B, 1, latent] with ``pooled`` (the hidden activations averaged over positions:
+    their products of linear forms keep which feature sat at which position, a plain mean would not)."""
 
-    def __init__(self, in_dim: int, width: int, latent: int) -> None:
+    def __init__(self, in_dim: int, width: int, latent: int, pooled: bool = False) -> None:
         super().__init__()
         self.gate_up_proj = lecun_linear(in_dim, 2 * width)
         self.down_proj = lecun_linear(width, 2 * latent)
+        self.pooled = pooled
 
     def forward(self, features: Tensor) -> Gaussian:
         gate, up = self.gate_up_proj(features).chunk(2, dim=-1)
-        mean, logvar = self.down_proj(F.silu(gate) * up).float().chunk(2, dim=-1)
+        hidden = F.silu(gate) * up
+        if self.pooled:
+            hidden = hidden.mean(dim=-2, keepdim=True)
+        mean, logvar = self.down_proj(hidden).float().chunk(2, dim=-1)
         return mean, logvar.clamp(LOGVAR_MIN, LOGVAR_MAX)
 
 
@@ -152,12 +170,24 @@ class Guided(nn.Module):
         hidden = config.hidden_size
         latent = config.latent_dim or hidden
         width = ffn_width(hidden, config.expansion)
-        self.prior_head = GaussianHead(hidden, width, latent)  # p(eps | u)
-        self.posterior_head = GaussianHead(2 * hidden, width, latent)  # q(eps | [u; repr(y)])
+        pooled = config.latent_scope == "row"
+        self.prior_head = GaussianHead(hidden, width, latent, pooled)  # p(eps | u)
+        self.posterior_head = GaussianHead(2 * hidden, width, latent, pooled)  # q(eps | [u; repr(y)])
         self.noise_proj = lecun_linear(latent, hidden) if config.latent_dim else nn.Identity()
         self.label_embed = nn.Embedding(task.vocab_size, hidden)  # repr(y), posterior only
         with torch.no_grad():
             trunc_normal_(self.label_embed.weight, std=1 / self.embed_scale)
+        if config.latent_scope == "row":  # a code added at every position needs them told apart
+            positions = torch.empty(self.prefix_len + task.seq_len, hidden)
+            self.position_embed = nn.Parameter(trunc_normal_(positions, std=1 / self.embed_scale))
+
+    def embed_input(self, inputs: Tensor, puzzle_ids: Tensor) -> Tensor:
+        """The core's input embeddings, plus learned absolute positions with ``latent_scope: row``:
+        RoPE sees only offsets, so on a blank board every position would otherwise read alike."""
+        x = super().embed_input(inputs, puzzle_ids)
+        if self.noise_scale and self.config.latent_scope == "row":
+            return x + self.embed_scale * self.position_embed.to(x.dtype)
+        return x
 
     def embed_labels(self, labels: Tensor) -> Tensor:
         """repr(y): sqrt(D) * label embeddings behind a zero prefix -> [B, T, D]; ignored labels read as PAD 0."""
@@ -205,12 +235,13 @@ class Guided(nn.Module):
         z_H = self.perturb(u, posterior if posterior is not None else prior)
         if posterior is None or not charge:
             return z_H, None
-        return z_H, gaussian_kl(*posterior, *prior, balance=self.config.kl_balance)
+        return z_H, gaussian_kl(*posterior, *prior, balance=self.config.kl_balance,
+                                 free_nats=self.config.kl_free_nats)
 
     def perturb(self, u: Tensor, gaussian: Gaussian) -> Tensor:
         """u + noise_scale * proj(eps) with eps a reparameterised draw from ``gaussian``."""
         mean, logvar = gaussian
-        eps = mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)  # [B, T, latent] float32
+        eps = mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)  # [B, T or 1, latent] float32
         return u + self.noise_scale * self.noise_proj(eps.to(u.dtype))
 
     def kl_outputs(self, kls: Tensor, labels: Tensor) -> dict[str, Tensor]:

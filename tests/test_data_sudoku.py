@@ -57,6 +57,26 @@ def test_canonical_keys_ignore_digit_names():
     assert np.array_equal(sudoku.canonical_keys(questions, 4), sudoku.canonical_keys(relabelled, 4))
 
 
+def test_all_grids_are_every_valid_4x4_board_once():
+    grids = sudoku.all_grids(4)
+    assert grids.shape == (288, 16)  # the known count of 4x4 Sudoku boards
+    assert sudoku.valid_solutions_mask(grids, 4).all()
+    assert len({g.tobytes() for g in grids}) == 288
+    with pytest.raises(ConfigError, match="size=9"):
+        sudoku.all_grids(9)
+
+
+def test_build_blank_gives_every_board_as_a_label_of_the_blank_input(tmp_path):
+    sudoku.build_blank(tmp_path / "blank", size=4, repeats=3)
+    train, test = (store.read_split(tmp_path / "blank", split) for split in ("train", "test"))
+    assert len(train["labels"]) == 3 * 288 and len(test["labels"]) == 288
+    assert (train["inputs"] == sudoku.BLANK_TOKEN).all() and (test["inputs"] == sudoku.BLANK_TOKEN).all()
+    assert sudoku.valid_solutions_mask(test["labels"] - 1, 4).all()  # tokens are digits + 1
+    assert len({row.tobytes() for row in test["labels"]}) == 288
+    with pytest.raises(ConfigError, match="repeats=0"):
+        sudoku.build_blank(tmp_path / "none", size=4, repeats=0)
+
+
 def test_build_generated_writes_disjoint_splits(tmp_path):
     meta = sudoku.build_generated(
         tmp_path / "s4", size=4, num_train=60, num_test=20, blanks=9, seed=0

@@ -66,15 +66,19 @@ def test_forward_only_passes_kl_trains_only_the_heads(model_batch):
 ROW = {**TINY, "puzzle_emb_dim": 0, "latent_scope": "row"}
 
 
-def test_row_latent_is_one_draw_added_at_every_position():
+def test_row_latent_is_one_draw_per_row_read_at_each_position_by_its_own_map():
     torch.manual_seed(0)
     model = build_model(GRAMURMConfig(**ROW), TASK)
     u = torch.randn(3, TASK.seq_len, 32)
     mean, logvar = model.prior_head(u)
-    assert mean.shape == logvar.shape == (3, 1, 8)
+    assert mean.shape == logvar.shape == (3, 1, 8)  # one latent per row
+    torch.manual_seed(5)
     step = model.perturb(u, (mean, logvar)) - u  # [3, L, 32]
-    torch.testing.assert_close(step, step[:, :1].expand_as(step))  # the same vector at each position
-    assert not torch.allclose(step[0], step[1])  # a draw per row
+    torch.manual_seed(5)
+    eps = mean + torch.exp(0.5 * logvar) * torch.randn(3, 1, 8)
+    maps = model.noise_proj.weight  # [L, 8, 32]: position t reads the draw through maps[t]
+    torch.testing.assert_close(step, torch.einsum("bl,tlh->bth", eps[:, 0], maps))
+    assert not torch.allclose(step[:, 0], step[:, 1]) and not torch.allclose(step[0], step[1])
 
 
 def test_row_posterior_tells_apart_answers_that_differ_only_in_where_tokens_sit():

@@ -21,6 +21,8 @@ RECIPES: dict[str, Callable[[Path], object]] = {
     "sudoku4": lambda out: sudoku.build_generated(
         out, size=4, num_train=3000, num_test=500, blanks=10, seed=0
     ),
+    # every valid 4x4 board (288) as a label of the blank board, 16 copies each in train
+    "sudoku4-blank": lambda out: sudoku.build_blank(out, size=4, repeats=16),
     # 6x6 Sudoku, 20 of 36 cells blank.
     "sudoku6": lambda out: sudoku.build_generated(
         out, size=6, num_train=10000, num_test=1000, blanks=20, seed=0

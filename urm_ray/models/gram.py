@@ -34,8 +34,9 @@ as one batch (see urm_ray.train.evaluate.evaluate_sampled).
 Multi-solution tasks (``latent_scope: row``): with one latent per position the posterior writes
 the answer cell by cell (6x6 N-Queens from the blank board: 23-78 nats per board where log 4 =
 1.4 would do) and the prior, which draws each cell's noise alone, never decodes a valid board.
-With one latent per row (the heads read their hidden features averaged over positions, and the
-draw is added at every position) the posterior can only name which answer; the core decodes it.
+With one latent per row (the heads read their hidden features averaged over positions, and each
+position reads the draw through a linear map of its own) the posterior can only name which
+answer; the core decodes it.
 Under RoPE a blank board reads alike at every position, so this scope also adds learned absolute
 positions to the input. ``kl_free_nats`` (free bits on the posterior's side) is there against the
 collapse the row latent can fall into before the core learns to read it.
@@ -97,9 +98,9 @@ class GuidanceConfig:
     # task verifier accepts the answer. The training loop passes the dataset task's verifier.
     halt_target: Literal["label", "verifier"] = "label"
     # where a transition's latent lives: "position" = one per position (paper), "row" = one per
-    # row (trajectory), read by the heads from their features pooled over positions and added
-    # to every position: on multi-solution tasks the posterior can only name which answer, not
-    # write it cell by cell
+    # row (trajectory), drawn by the heads from their features pooled over positions and read by
+    # each position through its own linear map: on multi-solution tasks the posterior can only
+    # name which answer, not write it cell by cell
     latent_scope: Literal["position", "row"] = "position"
 
     def check_guidance(self) -> None:
@@ -149,6 +150,19 @@ class GaussianHead(nn.Module):
         return mean, logvar.clamp(LOGVAR_MIN, LOGVAR_MAX)
 
 
+class PositionwiseProjection(nn.Module):
+    """A row's latent [B, 1, latent] -> [B, T, hidden] through a linear map of its own at each
+    position (LeCun-normal init): from the first step the code moves each cell differently, so the
+    lm loss reaches the latent directly, not only through the core's attention."""
+
+    def __init__(self, latent: int, hidden: int, positions: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(trunc_normal_(torch.empty(positions, latent, hidden), std=latent**-0.5))
+
+    def forward(self, eps: Tensor) -> Tensor:
+        return torch.einsum("bol,tlh->bth", eps, self.weight.to(eps.dtype))
+
+
 class Guided(nn.Module):
     """The guidance of a GRAM model on any deterministic core: the prior and posterior heads, the
     latent projection, the label embedding, and what a segment outputs from them."""
@@ -173,7 +187,12 @@ class Guided(nn.Module):
         pooled = config.latent_scope == "row"
         self.prior_head = GaussianHead(hidden, width, latent, pooled)  # p(eps | u)
         self.posterior_head = GaussianHead(2 * hidden, width, latent, pooled)  # q(eps | [u; repr(y)])
-        self.noise_proj = lecun_linear(latent, hidden) if config.latent_dim else nn.Identity()
+        if not config.latent_dim:
+            self.noise_proj: nn.Module = nn.Identity()
+        elif pooled:
+            self.noise_proj = PositionwiseProjection(latent, hidden, self.prefix_len + task.seq_len)
+        else:
+            self.noise_proj = lecun_linear(latent, hidden)
         self.label_embed = nn.Embedding(task.vocab_size, hidden)  # repr(y), posterior only
         with torch.no_grad():
             trunc_normal_(self.label_embed.weight, std=1 / self.embed_scale)

@@ -18,6 +18,7 @@ for it (`data.num_augmentations: 1001`); the stream warns when they differ.
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import math
 import os
@@ -191,6 +192,34 @@ def build_generated(
     args = {"size": size, "num_train": num_train, "num_test": num_test, "blanks": blanks,
             "num_augmentations": num_augmentations}
     build = {"builder": "sudoku.build_generated", "arguments": args, "seed": seed, "source": None}
+    return write_dataset(out_dir, splits, _meta(size, build), overwrite=overwrite)
+
+
+def all_grids(size: int) -> np.ndarray:
+    """Every valid size x size board [S, size*size] uint8 (digits 1..size), in lexicographic order
+    of their rows' permutations; size 4: 288. Only small sizes: rows are enumerated as products."""
+    geometry(size)
+    if size > 4:
+        raise ConfigError(f"size={size}: enumerating every board is only done for size <= 4")
+    rows = np.array(list(itertools.permutations(range(1, size + 1))), dtype=np.uint8)  # [P, n]
+    picks = np.stack(np.meshgrid(*[np.arange(len(rows))] * size, indexing="ij"), -1).reshape(-1, size)
+    grids = rows[picks].reshape(-1, size * size)  # [P^n, n*n]
+    return grids[valid_solutions_mask(grids, size)]
+
+
+def build_blank(out_dir: str | os.PathLike, size: int, repeats: int, *, overwrite: bool = False) -> DatasetMeta:
+    """Unconditional boards: every valid board as a label of the blank input, ``repeats`` times in
+    split "train" (boards interleaved) and once in split "test". GRAM's generation setting."""
+    if repeats < 1:
+        raise ConfigError(f"repeats={repeats} must be >= 1")
+    grids = all_grids(size)
+    index = np.arange(len(grids))
+    blank = np.zeros_like(grids)
+    train_index = np.tile(index, repeats)
+    splits = {"train": _split_columns(blank[train_index], grids[train_index], train_index),
+              "test": _split_columns(blank, grids, index)}
+    build = {"builder": "sudoku.build_blank", "arguments": {"size": size, "repeats": repeats},
+             "seed": None, "source": None}
     return write_dataset(out_dir, splits, _meta(size, build), overwrite=overwrite)
 
 

@@ -27,12 +27,20 @@ PAPER = {"kl_transitions": "last", "kl_reduction": "sum", "halt_decode": "poster
         ({"noise_scale": -0.5}, "model.noise_scale=-0.5"),
         ({"kl_coef": -1.0}, "model.kl_coef=-1.0"),
         ({"kl_balance": 1.5}, "model.kl_balance=1.5"),
+        ({"kl_free_nats": -1.0}, "model.kl_free_nats=-1.0"),
         ({"h_cycles": 0}, "model.h_cycles=0"),
     ],
 )
 def test_invalid_config_names_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         GRAMConfig(**{**TINY, **overrides})
+
+
+def test_an_unknown_latent_scope_names_the_key_and_the_choices():
+    from urm_ray.config import load_config
+
+    with pytest.raises(ConfigError, match=r"model.latent_scope='cell': expected one of \['position', 'row'\]"):
+        load_config("nqueens6-gram", ["model.latent_scope=cell"])
 
 
 def test_options_without_effect_warn():

@@ -38,8 +38,9 @@ With one latent per row (the heads read their hidden features averaged over posi
 position reads the draw through a linear map of its own) the posterior can only name which
 answer; the core decodes it.
 Under RoPE a blank board reads alike at every position, so this scope also adds learned absolute
-positions to the input. ``kl_free_nats`` (free bits on the posterior's side) is there against the
-collapse the row latent can fall into before the core learns to read it.
+positions to the input. ``kl_free_nats`` (free bits on the posterior's side) was tried against
+the collapse the row latent can fall into before the core learns to read it; it did not help in
+the runs measured (README, GRAM), so no preset sets it.
 """
 
 from __future__ import annotations

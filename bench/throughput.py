@@ -3,14 +3,18 @@
     python bench/throughput.py --preset a --threads 2              # the issue-9 configs a, b, c
     python bench/throughput.py sudoku4-urm model.loops=8 --vocab 11 --seq-len 81 --json out.json
     python bench/throughput.py --preset c --modes eager            # one side only
+    python bench/throughput.py --preset c --precisions fp32 bf16   # fp32 and bf16 autocast too
 
 A step is the trainer's own ``Trainer._step`` (ACT segment, backward, optimizers, EMA) on a random
-batch of global_batch_size / num_workers rows; bf16 autocast on CUDA as in training, else fp32.
-Eager and compiled (``train.compile=true``) trainers start from the same weights and are timed in
-interleaved rounds, so the machine's load hits both alike; each figure is the median over rounds.
+batch of global_batch_size / num_workers rows, in the precision training would use (bf16
+autocast on CUDA, fp32 on CPU, unless train.bf16 says otherwise) or in each of --precisions.
+Every side (eager or compiled, ``train.compile=true``, per precision) starts from the same
+weights, and the sides are timed in interleaved rounds, so the machine's load hits them alike;
+each figure is the median over rounds. With one precision the sides are named ``eager`` and
+``compiled``; with two, ``eager_fp32``, ``eager_bf16``, ``compiled_fp32``, ``compiled_bf16``.
 The compiled side's first steps (compilation) are reported as ``warmup_s``, not timed.
 FLOPs are counted over one real eager step (TBPTL's no-grad loops count forward only); MFU =
-achieved / same-dtype matmul peak. Tokens/row = prefix + seq_len. Peak memory: CUDA's peak
+achieved / the same dtype's matmul peak. Tokens/row = prefix + seq_len. Peak memory: CUDA's peak
 allocation per side; on CPU the process's peak RSS (both sides share the process).
 """
 
@@ -75,8 +79,10 @@ def timed(fn: partial[Any], device: torch.device) -> tuple[float, Any]:
 
 
 def matmul_peak(device: torch.device, bf16: bool, repeats: int = 5) -> float:
-    """Best GFLOP/s of a square torch.mm (bf16 8192 or fp32 2048 wide), after a warm-up call."""
-    size, dtype = (8192, torch.bfloat16) if bf16 else (2048, torch.float32)
+    """Best GFLOP/s of a square torch.mm (bf16 8192 wide on GPU, 4096 on CPU; fp32 2048), after a
+    warm-up call."""
+    size = (8192 if device.type == "cuda" else 4096) if bf16 else 2048
+    dtype = torch.bfloat16 if bf16 else torch.float32
     a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
     out = torch.mm(a, b)  # warm-up; the first timing also waits for it, and min() drops that
     best = min(timed(partial(torch.mm, a, b, out=out), device)[0] for _ in range(repeats))
@@ -104,10 +110,12 @@ def random_batch(rows: int, task: TaskSpec, device: torch.device) -> dict[str, t
 class Side:
     """One trainer (eager or compiled) and its carry, stepped in timed rounds."""
 
-    def __init__(self, cfg: RunConfig, task: TaskSpec, device: torch.device, compiled: bool) -> None:
-        torch.manual_seed(cfg.train.seed)  # both sides start from the same weights
+    def __init__(self, cfg: RunConfig, task: TaskSpec, device: torch.device, compiled: bool,
+                 bf16: bool) -> None:
+        torch.manual_seed(cfg.train.seed)  # every side starts from the same weights
         model = build_model(cfg.model, task).to(device)
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile=compiled))
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile=compiled, bf16=bf16))
+        self.bf16 = bf16
         ema = EMA(model, cfg.optim.ema_decay) if cfg.optim.ema else None
         self.trainer = Trainer(cfg, model, model, ema, build_optimizers(model, cfg.optim),
                                NullTracker(), device, 0, cfg.train.num_workers, task.seq_len)
@@ -139,11 +147,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg, device = load_config(args.config, args.overrides), torch.device(args.device)
     torch.set_num_threads(args.threads or _threads(cfg))  # the trainer's rule when --threads is 0
     task = task_spec(cfg.data, args)
-    sides = {mode: Side(cfg, task, device, mode == "compiled") for mode in args.modes}
+    precisions = args.precisions or [default_precision(cfg, device)]
+    sides = {side_name(mode, precision, len(precisions)): Side(cfg, task, device, mode == "compiled",
+                                                               precision == "bf16")
+             for mode in args.modes for precision in precisions}
     first = next(iter(sides.values()))
-    rows, bf16 = first.trainer.local_batch, device.type == "cuda" and cfg.train.bf16
-    peak_before = matmul_peak(device, bf16)
-    flops = counted_flops(sides["eager"]) if "eager" in sides else 0
+    rows = first.trainer.local_batch
+    peak_before = {p: matmul_peak(device, p == "bf16") for p in precisions}
+    eager = [side for name, side in sides.items() if name.startswith("eager")]
+    flops = counted_flops(eager[0]) if eager else 0  # a compiled step is not counted
     warmup = {mode: side.steps(args.warmup) for mode, side in sides.items()}  # compiles here
     cpu = time.process_time()
     busy = 0.0
@@ -153,14 +165,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             busy += seconds
             side.samples_per_s.append(rows * args.steps / seconds)
     cpu_share = (time.process_time() - cpu) / busy / torch.get_num_threads()  # <1: machine busy
-    peak = max(peak_before, matmul_peak(device, bf16))  # other processes' load varies over time
+    # other processes' load varies over time
+    peak = {p: max(peak_before[p], matmul_peak(device, p == "bf16")) for p in precisions}
     model, tokens_per_row = first.trainer.model, first.trainer.model.prefix_len + task.seq_len
     result: dict[str, Any] = {
         "config": " ".join([args.config, *args.overrides]), "device": str(device),
-        "dtype": "bf16" if bf16 else "fp32", "threads": torch.get_num_threads(),
+        "dtype": " ".join(precisions), "threads": torch.get_num_threads(),
         "vocab_size": task.vocab_size, "seq_len": task.seq_len, "tokens_per_row": tokens_per_row,
         "batch_per_worker": rows, "rounds": args.rounds, "steps_per_round": args.steps,
-        "peak_gflops": peak, "parameters": sum(p.numel() for p in model.parameters()),
+        **{f"peak_gflops{'' if len(precisions) == 1 else '_' + p}": g for p, g in peak.items()},
+        "parameters": sum(p.numel() for p in model.parameters()),
         "flops_per_step": flops, "analytic_flops_per_step": analytic_flops(model, cfg, rows, task),
         "cpu_share": cpu_share,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
@@ -171,13 +185,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result[f"{mode}_tokens_per_s"] = rate * tokens_per_row
         result[f"{mode}_warmup_s"] = warmup[mode]
         if flops:
-            result[f"{mode}_mfu"] = flops * rate / rows / 1e9 / peak
+            result[f"{mode}_mfu"] = flops * rate / rows / 1e9 / peak["bf16" if side.bf16 else "fp32"]
         if device.type == "cuda":
             result[f"{mode}_peak_mem_mib"] = side.peak_mem_mib
-    if len(sides) == 2:
-        ratios = [c / e for e, c in zip(sides["eager"].samples_per_s, sides["compiled"].samples_per_s)]
-        result["compiled_over_eager"] = statistics.median(ratios)
+    for precision in precisions:  # interleaved, so the ratio of each round's pair is the figure
+        eager, compiled = (side_name(m, precision, len(precisions)) for m in ("eager", "compiled"))
+        if eager in sides and compiled in sides:
+            suffix = "" if len(precisions) == 1 else f"_{precision}"
+            result[f"compiled_over_eager{suffix}"] = median_ratio(sides[compiled], sides[eager])
+    if len(precisions) == 2:
+        for mode in args.modes:
+            result[f"bf16_over_fp32_{mode}"] = median_ratio(sides[f"{mode}_bf16"], sides[f"{mode}_fp32"])
     return result
+
+
+def default_precision(cfg: RunConfig, device: torch.device) -> str:
+    """The precision training would use: bf16 autocast on CUDA unless train.bf16=false, on CPU
+    only with train.bf16=true."""
+    bf16 = cfg.train.bf16 is True or (cfg.train.bf16 == "auto" and device.type == "cuda")
+    return "bf16" if bf16 else "fp32"
+
+
+def side_name(mode: str, precision: str, precisions: int) -> str:
+    return mode if precisions == 1 else f"{mode}_{precision}"
+
+
+def median_ratio(faster: Side, slower: Side) -> float:
+    return statistics.median(a / b for a, b in zip(faster.samples_per_s, slower.samples_per_s))
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -186,6 +220,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="one of the issue-9 configs a, b, c")
     parser.add_argument("--modes", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
+    parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
+                        help="time each (bf16 = autocast); default: the one training would use")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round and side")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation)")
@@ -200,6 +236,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         preset = parser.parse_intermixed_args(PRESETS[args.preset])
         args.config, args.overrides = preset.config, [*preset.overrides, *extra]
         args.vocab, args.seq_len = args.vocab or preset.vocab, args.seq_len or preset.seq_len
+    if args.precisions and len(set(args.precisions)) < len(args.precisions):
+        parser.error(f"--precisions {' '.join(args.precisions)}: each at most once")
     if not args.config:
         parser.error("give a config (preset name or YAML path) or --preset")
     if args.steps < 1 or args.rounds < 1 or args.warmup < 1:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch._inductor.config
 from torch.overrides import TorchFunctionMode
 
 from urm_ray.train.compiled import compile_enabled
-from urm_ray.train.loop import Trainer
+from urm_ray.train.loop import Trainer, bf16_autocast
 
 from tiny import FAMILIES, batch, trainer
 
@@ -27,8 +29,9 @@ def _loss_and_grads(trainer: Trainer, batch: dict[str, torch.Tensor]) -> tuple[t
     """The first step's forward and backward, as ``Trainer._step`` runs them, without the update."""
     torch.manual_seed(1)
     model = trainer.model.train()
-    carry, outputs = model(model.initial_carry(batch), batch)
-    loss, _ = trainer.loss_fn(outputs, carry.current_data["labels"], carry.halted, carry.steps)
+    with trainer._autocast():
+        carry, outputs = model(model.initial_carry(batch), batch)
+        loss, _ = trainer.loss_fn(outputs, carry.current_data["labels"], carry.halted, carry.steps)
     loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
@@ -71,6 +74,34 @@ def test_compile_setting_auto_means_cuda_only():
     assert not compile_enabled("auto", torch.device("cpu"))
     assert compile_enabled("auto", torch.device("cuda"))
     assert compile_enabled(True, torch.device("cpu")) and not compile_enabled(False, torch.device("cuda"))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_cpu_bf16_step_is_close_to_fp32(family: str):
+    """train.bf16=true on CPU: the same loss and gradients as fp32 to bf16's precision, and the
+    weights after 3 optimizer steps move as fp32's do."""
+    fp32, bf16 = trainer(family, False), trainer(family, False, ("train.bf16=true",))
+    before = [p.detach().clone() for p in fp32.model.parameters()]
+    loss_32, grads_32 = _loss_and_grads(fp32, batch(0))
+    loss_16, grads_16 = _loss_and_grads(bf16, batch(0))
+    assert loss_16 != loss_32  # bf16 ran
+    _assert_rel_close(loss_16, loss_32, "loss", tol=1e-2)
+    flat_32, flat_16 = (torch.cat([g[n].flatten() for n in sorted(grads_32)]) for g in (grads_32, grads_16))
+    assert torch.cosine_similarity(flat_16, flat_32, dim=0) > 0.99
+    _three_steps(fp32), _three_steps(bf16)
+    moved_32 = torch.cat([(p - b).flatten() for p, b in zip(fp32.model.parameters(), before)])
+    moved_16 = torch.cat([(p - b).flatten() for p, b in zip(bf16.model.parameters(), before)])
+    assert moved_32.norm() > 0 and torch.cosine_similarity(moved_16, moved_32, dim=0) > 0.9
+
+
+def test_bf16_setting_auto_means_cuda_only():
+    def on(device: str, setting: bool | str) -> bool:  # not entered: CUDA is not here
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "CUDA is not available ... Disabling autocast"
+            ctx = bf16_autocast(torch.device(device), setting)
+        return isinstance(ctx, torch.autocast) and (ctx.device, ctx.fast_dtype) == (device, torch.bfloat16)
+    assert on("cuda", "auto") and on("cuda", True) and not on("cuda", False)
+    assert not on("cpu", "auto") and on("cpu", True) and not on("cpu", False)
 
 
 class _HostReads(TorchFunctionMode):

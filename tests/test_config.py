@@ -128,12 +128,14 @@ def test_keys_with_effect_do_not_warn():
 
 
 def test_gpu_keys_warn_when_the_run_trains_on_cpu():
-    _quiet(load_config("sudoku4-urm").train.warn_unused_on_cpu)  # auto bf16, default GPU share
-    _quiet(load_config("sudoku4-urm", ["train.bf16=false"]).train.warn_unused_on_cpu)
+    for native_bf16 in (True, False):  # auto bf16 (GPU only), default GPU share
+        _quiet(lambda: load_config("sudoku4-urm").train.warn_unused_on_cpu(native_bf16))
+        _quiet(lambda: load_config("sudoku4-urm", ["train.bf16=false"]).train.warn_unused_on_cpu(native_bf16))
     with pytest.warns(UserWarning, match="train.gpus_per_worker=0.5 has no effect: the run trains on CPU"):
-        load_config("sudoku4-urm", ["train.gpus_per_worker=0.5"]).train.warn_unused_on_cpu()
-    with pytest.warns(UserWarning, match="train.bf16=true has no effect: the run trains on CPU"):
-        load_config("sudoku4-urm", ["train.bf16=true"]).train.warn_unused_on_cpu()
+        load_config("sudoku4-urm", ["train.gpus_per_worker=0.5"]).train.warn_unused_on_cpu(True)
+    _quiet(lambda: load_config("sudoku4-urm", ["train.bf16=true"]).train.warn_unused_on_cpu(True))
+    with pytest.warns(UserWarning, match="train.bf16=true on a CPU without native bf16"):
+        load_config("sudoku4-urm", ["train.bf16=true"]).train.warn_unused_on_cpu(False)
 
 
 def test_translate_warns_on_data_that_is_not_arc():
@@ -155,7 +157,7 @@ def test_translate_warns_on_data_that_is_not_arc():
 def test_presets_warn_about_nothing(name):
     cfg = _quiet(lambda: load_config(name))
     if cfg.train.device != "cuda":  # auto may train on CPU
-        _quiet(cfg.train.warn_unused_on_cpu)
+        _quiet(lambda: cfg.train.warn_unused_on_cpu(native_bf16=False))
 
 
 @pytest.mark.parametrize("name", sorted(shipped_spaces()))

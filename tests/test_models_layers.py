@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from urm_ray.models.layers import (
     Attention,
@@ -10,6 +11,7 @@ from urm_ray.models.layers import (
     RMSNorm,
     RotaryEmbedding,
     apply_rope,
+    attend,
     ffn_width,
     trunc_normal_,
 )
@@ -97,3 +99,19 @@ def test_puzzle_embedding_train_copy_and_eval_table():
         emb(torch.tensor([1, 1, 1]))
     assert out is emb.local_weights
     assert set(emb.state_dict()) == {"weights"}
+
+
+def test_attention_runs_in_float32_under_cpu_bf16_autocast():
+    """CPU bf16 autocast would run SDPA (and its slow backward) in bf16; attend keeps it float32."""
+    q, k, v = (torch.randn(2, 3, 5, 8, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attend(q, k, v)
+        in_bf16 = F.scaled_dot_product_attention(q, k, v)
+    assert out.dtype == torch.float32 and in_bf16.dtype == torch.bfloat16
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    out.sum().backward()
+    assert q.grad.dtype == torch.bfloat16 and q.grad.abs().sum() > 0
+    plain = torch.randn(2, 3, 5, 8)  # no autocast: SDPA as it is
+    torch.testing.assert_close(attend(plain, plain, plain),
+                               F.scaled_dot_product_attention(plain, plain, plain), rtol=0, atol=0)

@@ -24,8 +24,8 @@ FAMILIES = {
 }
 
 
-def trainer(family: str, compiled: bool) -> Trainer:
-    overrides = [*SMALL, *FAMILIES[family], f"train.compile={str(compiled).lower()}"]
+def trainer(family: str, compiled: bool, extra: tuple[str, ...] = ()) -> Trainer:
+    overrides = [*SMALL, *FAMILIES[family], f"train.compile={str(compiled).lower()}", *extra]
     cfg = load_config(f"sudoku4-{family.replace('_', '-')}", overrides)
     torch.manual_seed(0)
     model = build_model(cfg.model, TASK)

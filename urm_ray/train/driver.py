@@ -246,7 +246,7 @@ def _fit(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None,
          progress: Progress | None) -> FitResult:
     gpu = use_gpu(cfg)
     if not gpu:
-        cfg.train.warn_unused_on_cpu()
+        cfg.train.warn_unused_on_cpu(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     check_resources(cfg, gpu)
     in_process = runs_in_process(cfg, callbacks)
     run_id = open_mlflow_run(cfg, meta, tags, params)

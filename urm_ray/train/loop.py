@@ -88,6 +88,13 @@ def _device(loop_config: dict[str, Any]) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if loop_config["gpu"] else torch.device("cpu")
 
 
+def bf16_autocast(device: torch.device, bf16: bool | str) -> Any:
+    """The training autocast: bf16 on CUDA unless ``bf16`` is false; on CPU only when it is true."""
+    if bf16 is True or (bf16 == "auto" and device.type == "cuda"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
 def _per_row(metric: str) -> bool:
     """Losses and the KL are summed over every row; the other metrics over halted rows only."""
     return metric.endswith("_loss") or metric.startswith("kl")
@@ -212,9 +219,7 @@ class Trainer:
             position.epoch, position.batch, skip = position.epoch + 1, 0, 0
 
     def _autocast(self) -> Any:
-        if self.device.type == "cuda" and self.cfg.train.bf16 is not False:  # true or auto
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return nullcontext()
+        return bf16_autocast(self.device, self.cfg.train.bf16)
 
     def _step(self, carry: Any, batch: dict[str, torch.Tensor]) -> tuple[Any, dict[str, torch.Tensor]]:
         if carry is None:

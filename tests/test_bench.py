@@ -80,3 +80,20 @@ def test_gpu_parity_harness_on_cpu_bf16():
     bf16 = parity.main(["--device", "cpu", "--eager", "--families", "urm"])[0]
     assert 0 < bf16["loss_rel_err"] < 1e-2 and 0 < bf16["logits_rel_err"] < 3e-2
     assert bf16["argmax_agree"] > 0.9
+
+
+def test_two_precisions_side_by_side(monkeypatch):
+    """--precisions fp32 bf16: a side per precision, each MFU against its own dtype's peak."""
+    monkeypatch.setattr(throughput, "matmul_peak", lambda device, bf16: 400.0 if bf16 else 100.0)
+    result = throughput.main(["sudoku4-urm", *TINY, "--vocab", "6", "--seq-len", "16", "--steps", "1",
+                              "--rounds", "2", "--warmup", "1", "--threads", "1", "--modes", "eager",
+                              "--precisions", "fp32", "bf16"])
+    assert result["dtype"] == "fp32 bf16"
+    assert (result["peak_gflops_fp32"], result["peak_gflops_bf16"]) == (100.0, 400.0)
+    for precision, peak in (("fp32", 100.0), ("bf16", 400.0)):
+        rate = result[f"eager_{precision}_samples_per_s"]
+        assert rate > 0
+        assert result[f"eager_{precision}_mfu"] == pytest.approx(result["flops_per_step"] * rate / 8 / 1e9 / peak)
+    assert result["bf16_over_fp32_eager"] > 0 and "eager_samples_per_s" not in result
+    with pytest.raises(SystemExit):
+        throughput.parse(["--preset", "b", "--precisions", "bf16", "bf16"])

@@ -6,7 +6,7 @@ import torch
 
 from urm_ray.errors import ConfigError
 from urm_ray.losses import act_loss
-from urm_ray.models.gram import GRAM, LOGVAR_MAX, LOGVAR_MIN, GRAMConfig
+from urm_ray.models.gram import GRAM, LOGVAR_MAX, LOGVAR_MIN, GRAMConfig, kl_coef_at
 from urm_ray.models.registry import TaskSpec, build_model, config_class
 from urm_ray.models.trm import TRMConfig
 
@@ -28,6 +28,9 @@ PAPER = {"kl_transitions": "last", "kl_reduction": "sum", "halt_decode": "poster
         ({"kl_coef": -1.0}, "model.kl_coef=-1.0"),
         ({"kl_balance": 1.5}, "model.kl_balance=1.5"),
         ({"kl_free_nats": -1.0}, "model.kl_free_nats=-1.0"),
+        ({"kl_coef_start": 0.5}, r"model.kl_coef_start=0.5 needs .* model.kl_ramp_steps >= 1 \(got 0\)"),
+        ({"kl_coef_start": -1.0, "kl_ramp_steps": 5}, "model.kl_coef_start=-1.0"),
+        ({"kl_ramp_steps": 5}, r"model.kl_ramp_steps=5 needs model.kl_coef_start"),
         ({"h_cycles": 0}, "model.h_cycles=0"),
     ],
 )
@@ -153,6 +156,39 @@ def test_aux_loss_is_the_weighted_balanced_kl(model_batch, reduction):
     torch.testing.assert_close(total, metrics["lm_loss"].double() + 0.5 * metrics["q_halt_loss"].double()
                                + outputs["aux_loss"].double())
     assert metrics["kl"] == outputs["kl"] and metrics["kl_last"] == outputs["kl_last"]
+
+
+def test_kl_schedule_ramps_the_weight_of_the_kl(model_batch):
+    """kl_coef_start -> kl_coef over kl_ramp_steps, then kl_coef; the training loop sets the step."""
+    config = GRAMConfig(**{**TINY, "kl_coef": 4.0, "kl_coef_start": 0.5, "kl_ramp_steps": 100,
+                           "kl_reduction": "sum"})
+    assert [kl_coef_at(config, step) for step in (0, 50, 100, 1000)] == [0.5, 2.25, 4.0, 4.0]
+    assert kl_coef_at(GRAMConfig(**{**TINY, "kl_coef": 3.0}), 0) == 3.0  # no schedule: constant
+    torch.manual_seed(0)
+    model = build_model(config, TASK).train()
+    batch = model_batch(TASK)
+    for step, weight in ((0, 0.5), (50, 2.25), (500, 4.0)):
+        model.schedule(step)
+        torch.manual_seed(1)
+        _, outputs = model(model.initial_carry(batch), batch)
+        assert outputs["kl"] > 0
+        torch.testing.assert_close(outputs["aux_loss"].detach(), weight * outputs["kl"])
+    assert "kl_weight" not in model.state_dict()  # set by the loop from the step, not saved
+
+
+def test_training_loop_sets_the_kl_schedule_step():
+    from tiny import batch as tiny_batch, trainer
+    from urm_ray.train.checkpoint import Position
+
+    tiny = trainer("gram", False, ("model.kl_coef=2.0", "model.kl_coef_start=0.0", "model.kl_ramp_steps=4",
+                                  "train.steps=3", "train.eval_every=0", "train.checkpoint_every=0",
+                                  "train.log_every=100"))
+    seen = []
+    step = tiny._step
+    tiny._step = lambda carry, b: (seen.append(float(tiny.model.kl_weight)), step(carry, b))[1]
+    tiny._report = lambda *args: None  # the last step's evaluation and checkpoint need Ray Train
+    tiny._train(Position(), iter([tiny_batch(i) for i in range(3)]), None)
+    assert seen == [0.0, 0.5, 1.0]
 
 
 def test_kl_of_no_gradient_transitions_trains_only_the_heads(model_batch):

@@ -79,6 +79,11 @@ class GuidanceConfig:
     noise_scale: float = 1.0
     # beta: weight of KL(posterior || prior), reduced per row as kl_reduction says (paper: 1e-3 on the sum)
     kl_coef: float = 1.0
+    # a KL schedule: kl_coef starts at kl_coef_start and moves linearly to kl_coef over
+    # kl_ramp_steps training steps (e.g. below 1 so the latent is found, then above it so the code
+    # shrinks); null = kl_coef throughout (paper)
+    kl_coef_start: Optional[float] = None
+    kl_ramp_steps: int = 0
     # KL balancing: share of the KL gradient that trains the prior (paper 0.8); null = plain KL
     kl_balance: Optional[float] = 0.8
     # free bits: a row's KL at a transition below this many nats does not pull the posterior
@@ -110,6 +115,11 @@ class GuidanceConfig:
         require(self.noise_scale >= 0, f"model.noise_scale={self.noise_scale} must be >= 0")
         require(self.kl_coef >= 0, f"model.kl_coef={self.kl_coef} must be >= 0")
         require(self.kl_free_nats >= 0, f"model.kl_free_nats={self.kl_free_nats} must be >= 0")
+        require(self.kl_coef_start is None or (self.kl_coef_start >= 0 and self.kl_ramp_steps >= 1),
+                f"model.kl_coef_start={self.kl_coef_start} needs a value >= 0 and model.kl_ramp_steps >= 1 "
+                f"(got {self.kl_ramp_steps})")
+        require(self.kl_ramp_steps == 0 or self.kl_coef_start is not None,
+                f"model.kl_ramp_steps={self.kl_ramp_steps} needs model.kl_coef_start (the ramp's start)")
         require(
             self.kl_balance is None or 0.0 <= self.kl_balance <= 1.0,
             f"model.kl_balance={self.kl_balance} must be in [0, 1] or null",
@@ -164,6 +174,14 @@ class PositionwiseProjection(nn.Module):
         return torch.einsum("bol,tlh->bth", eps, self.weight.to(eps.dtype))
 
 
+def kl_coef_at(config: GuidanceConfig, step: int) -> float:
+    """The KL coefficient at a training step: kl_coef, or on the ramp from kl_coef_start."""
+    if config.kl_coef_start is None:
+        return config.kl_coef
+    done = min(step / config.kl_ramp_steps, 1.0)
+    return config.kl_coef_start + done * (config.kl_coef - config.kl_coef_start)
+
+
 class Guided(nn.Module):
     """The guidance of a GRAM model on any deterministic core: the prior and posterior heads, the
     latent projection, the label embedding, and what a segment outputs from them."""
@@ -177,6 +195,8 @@ class Guided(nn.Module):
         super().__init__(config, task)  # the core's (TRM, URM): Guided comes first in the bases
         # read at every call, so a built model can be switched to its deterministic core (0)
         self.noise_scale = config.noise_scale
+        # the KL's weight now (a tensor, so a compiled graph reads it rather than baking it in)
+        self.register_buffer("kl_weight", torch.tensor(kl_coef_at(config, 0)), persistent=False)
         if config.noise_scale:  # else none: weights without gradient, which DDP rejects
             self.build_guidance(config, task)
 
@@ -264,6 +284,10 @@ class Guided(nn.Module):
         eps = mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)  # [B, T or 1, latent] float32
         return u + self.noise_scale * self.noise_proj(eps.to(u.dtype))
 
+    def schedule(self, step: int) -> None:
+        """Sets the KL's weight for training step ``step`` (the training loop calls it)."""
+        self.kl_weight.fill_(kl_coef_at(self.config, step))
+
     def kl_outputs(self, kls: Tensor, labels: Tensor) -> dict[str, Tensor]:
         """The loss term and the logged KLs from the charged transitions' KLs [N, B] (nats).
 
@@ -273,7 +297,7 @@ class Guided(nn.Module):
         if self.config.kl_reduction == "token_mean":
             per_row = per_row / (labels != IGNORE_LABEL_ID).sum(-1).clamp_min(1)
         return {
-            "aux_loss": self.config.kl_coef * per_row.sum(),
+            "aux_loss": self.kl_weight * per_row.sum(),
             "kl": kls.detach().sum(),  # summed over transitions and rows
             "kl_first": kls[0].detach().sum(),
             "kl_last": kls[-1].detach().sum(),

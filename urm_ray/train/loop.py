@@ -28,6 +28,7 @@ from urm_ray.data.tasks.arc.evaluate import PASS_KS, evaluate_arc
 from urm_ray.data.tasks.verify import Verifier, optional_verifier, verifier_for
 from urm_ray.errors import TrainingDiverged
 from urm_ray.losses import act_loss
+from urm_ray.models.gram import Guided
 from urm_ray.models.registry import build_model
 from urm_ray.models.task import TaskSpec
 from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
@@ -188,6 +189,8 @@ class Trainer:
         while position.step < cfg.steps:
             batch = next(batches)
             lr = apply_scheduled_lr(self.optimizers, self.cfg.optim, position.step, cfg.steps)
+            if isinstance(self.model, Guided):
+                self.model.schedule(position.step)
             carry, metrics = self._step(carry, batch)
             position.step += 1
             window_steps += 1

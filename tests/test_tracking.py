@@ -3,6 +3,9 @@ what a run holds from its start (config, dataset input)."""
 
 import json
 import multiprocessing
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import mlflow.data
@@ -124,3 +127,24 @@ def test_a_run_holds_its_config_and_dataset_before_training(tmp_path: Path, monk
     assert (dataset.name, dataset.digest) == ("sudoku4", store.metadata_digest(data))
     assert json.loads(dataset.profile) == {"task": "sudoku", "seq_len": 16, "vocab_size": 6,
                                            "num_rows": {"train": 20, "test": 5}}
+
+
+def test_a_new_sqlite_store_is_created_by_one_command_at_a_time(tmp_path: Path):
+    """While one command holds the store's creation lock, another waits before creating tables;
+    four commands opening one new store at once all succeed."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    opener = ("import sys; from urm_ray import tracking\n"
+              "with tracking.store_opening(sys.argv[1]): pass\n"
+              "print(len(tracking.MlflowClient(sys.argv[1]).search_experiments()))")
+    with tracking.sqlite_creation_lock(uri):
+        waiting = subprocess.Popen([sys.executable, "-c", opener, uri], stdout=subprocess.PIPE, text=True)
+        time.sleep(3)  # long enough to import MLflow and create the tables, were it not waiting
+        assert waiting.poll() is None and not (tmp_path / "mlflow.db").exists()
+    assert waiting.communicate(timeout=120)[0].strip() == "1"  # the Default experiment
+    fresh = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
+    (tmp_path / "fresh").mkdir()
+    together = [subprocess.Popen([sys.executable, "-c", opener, fresh], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    for proc in together:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err[-2000:]

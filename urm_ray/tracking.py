@@ -9,6 +9,7 @@ use the helpers at the end: runs found by name, nested runs, tags, artifacts, mo
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -112,6 +113,22 @@ def resolve_tracking_uri(configured: str) -> str:
 
 
 @contextmanager
+def sqlite_creation_lock(tracking_uri: str) -> Iterator[None]:
+    """For an SQLite store: an exclusive lock on its folder while held, so that commands started
+    together on a new store create its tables one at a time (two migrations at once fail with
+    "table _alembic_tmp_experiments already exists"). Other stores: no lock."""
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    folder = os.open(Path(tracking_uri[len("sqlite:///"):]).parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)  # released when the descriptor closes
+        yield
+    finally:
+        os.close(folder)
+
+
+@contextmanager
 def store_opening(tracking_uri: str) -> Iterator[None]:
     """Open the MLflow store in a thread while the block runs (the driver starts Ray meanwhile):
     a new SQLite store creates its tables first, about 2.5 s here. Joined before the block's end,
@@ -119,7 +136,8 @@ def store_opening(tracking_uri: str) -> Iterator[None]:
     message, at the caller's first real call."""
     def open_store() -> None:
         try:
-            MlflowClient(tracking_uri).search_experiments(max_results=1)
+            with sqlite_creation_lock(tracking_uri):
+                MlflowClient(tracking_uri).search_experiments(max_results=1)
         except Exception:  # noqa: BLE001 (reported by the caller's own call)
             pass
 

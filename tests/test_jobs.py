@@ -91,6 +91,18 @@ def _ray_job(args: list[str], url: str, timeout: float = 120) -> subprocess.Comp
                           text=True, timeout=timeout)
 
 
+def _submit(args: list[str], url: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``ray job submit``, retried while the head's job agent is still starting: the dashboard
+    answers before it, and a submission then fails with "No available agent to submit job, please
+    try again later" (seen on a loaded 2-core machine; the job is not registered)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        submitted = _ray_job(["submit", *args], url)
+        if "No available agent" not in submitted.stderr or time.monotonic() > deadline:
+            return submitted
+        time.sleep(2)
+
+
 def _wait_for_job(url: str, job_id: str, timeout: float) -> str:
     """The job's final state (succeeded, failed, stopped), or its last one at the timeout.
 
@@ -118,9 +130,9 @@ def test_ray_job_submit_runs_a_sweep(head: str, tmp_path: Path):
     entrypoint = ["bash", "-c", f"{where} && {shlex.join(sweep)}"]
     runtime_env = json.dumps({"excludes": EXCLUDES})
     start = time.monotonic()
-    submitted = _ray_job(["submit", "--no-wait", "--submission-id", "urm-sweep",
-                          "--working-dir", str(ROOT), "--runtime-env-json", runtime_env,
-                          "--", *entrypoint], head)
+    submitted = _submit(["--no-wait", "--submission-id", "urm-sweep",
+                         "--working-dir", str(ROOT), "--runtime-env-json", runtime_env,
+                         "--", *entrypoint], head)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     status = _wait_for_job(head, "urm-sweep", timeout=480)
     print(f"job round trip {time.monotonic() - start:.0f} s")

@@ -37,7 +37,7 @@ from urm_ray.data.config import DataConfig
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.optim import EMA, build_optimizers
 from urm_ray.tracking import NullTracker
-from urm_ray.train.loop import Trainer, _threads
+from urm_ray.train.loop import Trainer, _threads, bf16_enabled
 
 # FlopCounterMode (torch 2.13) counts 0 for CPU SDPA: each is one attention forward / backward.
 aten = torch.ops.aten
@@ -200,10 +200,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def default_precision(cfg: RunConfig, device: torch.device) -> str:
-    """The precision training would use: bf16 autocast on CUDA unless train.bf16=false, on CPU
-    only with train.bf16=true."""
-    bf16 = cfg.train.bf16 is True or (cfg.train.bf16 == "auto" and device.type == "cuda")
-    return "bf16" if bf16 else "fp32"
+    """The precision training would use (``Trainer``'s rule)."""
+    return "bf16" if bf16_enabled(device, cfg.train.bf16) else "fp32"
 
 
 def side_name(mode: str, precision: str, precisions: int) -> str:

@@ -89,9 +89,14 @@ def _device(loop_config: dict[str, Any]) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if loop_config["gpu"] else torch.device("cpu")
 
 
+def bf16_enabled(device: torch.device, bf16: bool | str) -> bool:
+    """Whether training autocasts to bf16: on CUDA unless ``bf16`` is false; on CPU only when true."""
+    return bf16 is True or (bf16 == "auto" and device.type == "cuda")
+
+
 def bf16_autocast(device: torch.device, bf16: bool | str) -> Any:
-    """The training autocast: bf16 on CUDA unless ``bf16`` is false; on CPU only when it is true."""
-    if bf16 is True or (bf16 == "auto" and device.type == "cuda"):
+    """The training autocast (``bf16_enabled``), or none."""
+    if bf16_enabled(device, bf16):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return nullcontext()
 

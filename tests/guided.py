@@ -50,3 +50,25 @@ def check_free_kl_trains_only_heads(make: Callable[[str], nn.Module], batch: dic
         else:
             torch.testing.assert_close(grad, by_mode["last"][name], rtol=1e-5, atol=1e-7, msg=name)
     assert any(name.startswith(core) for name in by_mode["all"])
+
+
+def check_prior_match_pass(make: Callable[[float], nn.Module], batch: dict, transitions: int, core: str) -> None:
+    """``make(prior_match)`` builds the model. With a prior match, training adds one prior-guided
+    pass (``transitions`` more prior-head calls, the Q-halt decode then read from it) whose
+    decode ``prior_logits`` trains the core and the prior head, not the posterior's side; without
+    it, or at inference, there is none."""
+    torch.manual_seed(0)
+    calls_off, outputs_off = head_calls(make(0.0).train(), batch)
+    assert "prior_logits" not in outputs_off
+    torch.manual_seed(0)
+    model = make(0.5).train()
+    calls, outputs = head_calls(model, batch)
+    assert calls == {"posterior_head": calls_off["posterior_head"],
+                     "prior_head": calls_off["prior_head"] - 1 + transitions}
+    assert outputs["prior_weight"] == 0.5 and torch.equal(outputs["halt_logits"], outputs["prior_logits"].detach())
+    assert not torch.equal(outputs["prior_logits"], outputs["logits"])
+    prior_grads = grads(model, outputs["prior_logits"].square().sum())
+    assert any(name.startswith(core) for name in prior_grads) and any(n.startswith("prior_head.") for n in prior_grads)
+    assert not any(name.startswith(("posterior_head.", "label_embed.")) for name in prior_grads)
+    _, outputs = head_calls(model.eval(), batch)
+    assert "prior_logits" not in outputs

@@ -185,3 +185,58 @@ def test_act_loss_adds_a_models_aux_loss() -> None:
     total.backward()
     assert aux.grad == 1
     assert metrics["kl"] == 7.0 and metrics["aux_loss"] == 0.7 and not metrics["aux_loss"].requires_grad
+
+
+def test_nearest_answers_picks_the_closest_label_of_the_same_input() -> None:
+    from urm_ray.losses import nearest_answers
+
+    inputs = torch.tensor([[0, 0], [0, 0], [0, 0], [5, 5]])
+    labels = torch.tensor([[1, 2], [3, 4], [1, 4], [1, 2]])
+    answers = torch.tensor([[3, 4], [1, 9], [7, 7], [3, 4]])
+    targets, distance = nearest_answers(answers, inputs, labels)
+    # row 0 equals row 1's label; row 1 is one token from rows 0 and 2 (the first wins); row 2
+    # is 2 from every label: its own wins the tie; row 3 has only its own input's label
+    assert targets.tolist() == [[3, 4], [1, 2], [1, 4], [1, 2]]
+    assert distance.tolist() == [0, 1, 2, 2]
+
+
+def test_nearest_answers_ignores_unsupervised_tokens() -> None:
+    from urm_ray.losses import nearest_answers
+
+    inputs = torch.zeros(2, 3, dtype=torch.long)
+    labels = torch.tensor([[1, 2, -100], [3, 3, -100]])
+    targets, distance = nearest_answers(torch.tensor([[3, 3, 8], [1, 2, 8]]), inputs, labels)
+    assert targets.tolist() == [[3, 3, -100], [1, 2, -100]] and distance.tolist() == [0, 0]
+
+
+def test_act_loss_adds_the_prior_match_towards_the_nearest_answer() -> None:
+    halted, steps = torch.ones(3, dtype=torch.bool), torch.ones(3)
+    inputs = torch.zeros(3, 4, dtype=torch.long)
+    labels = torch.randint(0, 5, (3, 4), generator=torch.Generator().manual_seed(3))
+    base, _ = act_loss(_outputs(), labels, halted, steps, "softmax")
+    prior = torch.randn(3, 4, 5)
+    prior[0] = 9.0 * F.one_hot(labels[2], 5)  # row 0's prior draw decodes row 2's answer
+    prior.requires_grad_()
+    outputs = {**_outputs(), "prior_logits": prior, "prior_weight": torch.tensor(0.5)}
+    with pytest.raises(ValueError, match="inputs"):
+        act_loss(outputs, labels, halted, steps, "softmax")
+    total, metrics = act_loss(outputs, labels, halted, steps, "softmax", inputs=inputs)
+    from urm_ray.losses import nearest_answers
+
+    targets, _ = nearest_answers(prior.argmax(-1), inputs, labels)
+    assert torch.equal(targets[0], labels[2])
+    expected = (softmax_cross_entropy(prior, targets).mean(-1)).sum()
+    torch.testing.assert_close(total, base + 0.5 * expected)
+    assert metrics["prior_exact"] >= 1 and metrics["prior_match_loss"] == expected.detach()
+    total.backward()
+    assert prior.grad.abs().sum() > 0
+
+
+def test_nearest_answers_keeps_an_accepted_answer_as_its_own_target() -> None:
+    from urm_ray.losses import nearest_answers
+
+    inputs = torch.zeros(2, 3, dtype=torch.long)
+    labels = torch.tensor([[1, 2, -100], [3, 3, -100]])
+    answers = torch.tensor([[2, 1, 8], [2, 1, 8]])  # a valid answer no label holds, say
+    targets, distance = nearest_answers(answers, inputs, labels, accepted=torch.tensor([True, False]))
+    assert targets.tolist() == [[2, 1, -100], [3, 3, -100]] and distance.tolist() == [0, 2]  # a tie: its own

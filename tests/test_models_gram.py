@@ -11,7 +11,7 @@ from urm_ray.models.registry import TaskSpec, build_model, config_class
 from urm_ray.models.trm import TRMConfig
 
 from gradients import grads
-from guided import check_free_kl_trains_only_heads, head_calls, roll
+from guided import check_free_kl_trains_only_heads, check_prior_match_pass, head_calls, roll
 
 TASK = TaskSpec(vocab_size=10, seq_len=12, num_puzzle_identifiers=3)
 TINY = {"hidden_size": 32, "num_heads": 4, "num_layers": 1, "h_cycles": 3, "l_cycles": 2, "puzzle_emb_dim": 32,
@@ -252,3 +252,8 @@ def test_noise_off_trains_under_ddp_without_unused_parameters(tmp_path):
     from ranks import run_ranks
 
     assert run_ranks(_ddp_noise_off_rank, world_size=2, folder=tmp_path) == [[], []]
+
+
+def test_prior_match_adds_a_prior_guided_pass_that_trains_the_core_and_the_prior(model_batch):
+    check_prior_match_pass(lambda match: build_model(GRAMConfig(**{**TINY, "prior_match": match}), TASK),
+                           model_batch(TASK), transitions=3, core="net.")

@@ -11,7 +11,7 @@ from urm_ray.models.gram_urm import GRAMURM, GRAMURMConfig
 from urm_ray.models.registry import TaskSpec, build_model, config_class
 from urm_ray.models.urm import URMConfig
 
-from guided import check_free_kl_trains_only_heads, head_calls, roll
+from guided import check_free_kl_trains_only_heads, check_prior_match_pass, head_calls, roll
 
 TASK = TaskSpec(vocab_size=10, seq_len=12, num_puzzle_identifiers=3)
 TINY = {"hidden_size": 32, "num_heads": 4, "num_layers": 1, "loops": 4, "truncation": 2,
@@ -198,3 +198,8 @@ def test_row_latent_gram_draws_several_valid_queens_boards_from_the_blank_board(
     valid = valid_queens_mask(trained, 6)
     assert valid.mean() >= 0.3 and not valid_queens_mask(untrained, 6).any()
     assert len({board.tobytes() for board in trained[valid]}) >= 3
+
+
+def test_prior_match_adds_a_prior_guided_pass_that_trains_the_core_and_the_prior(model_batch):
+    check_prior_match_pass(lambda match: build_model(GRAMURMConfig(**{**TINY, "prior_match": match}), TASK),
+                           model_batch(TASK), transitions=4, core="blocks.")

@@ -106,6 +106,7 @@ def act_loss(
     loss_type: str = "stablemax",
     ignore_index: int = IGNORE_LABEL_ID,
     halt_target: Optional[Tensor] = None,
+    inputs: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of one ACT segment and its metrics, exactly as the official ACTLossHead.
 
@@ -117,6 +118,9 @@ def act_loss(
     halt_target: optional [B] bool to replace "sequence exactly correct" as the Q-halt label
         (e.g. a verifier that accepts any valid solution, as GRAM does). Without it, an
         optional `halt_logits` output [B, L, V] (GRAM's prior-guided decode) is the answer judged.
+    inputs: the batch's inputs [B, L], needed with a `prior_logits` output (GRAM's prior match):
+        ``prior_weight * nearest_answer_loss`` is added, with metrics `prior_match_loss` and
+        `prior_exact`.
 
     Returns (total loss scalar, metrics). Metrics are detached float32 sums over rows:
     `count`, `accuracy` (sum of per-row token accuracy), `exact_accuracy`, `q_halt_accuracy`,
@@ -147,7 +151,55 @@ def act_loss(
         metrics["aux_loss"] = outputs["aux_loss"].detach().to(torch.float32)
         for key in (k for k in outputs if k.startswith("kl")):  # GRAM's kl, kl_first, kl_last
             metrics[key] = outputs[key].detach().to(torch.float32)
+    if "prior_logits" in outputs:  # GRAM's prior match: its prior-guided decode, trained too
+        if inputs is None:
+            raise ValueError("a prior_logits output needs the batch's inputs (act_loss(..., inputs=...))")
+        # the trainer's verifier judged the prior decode (the Q-halt decode): an accepted one is its own target
+        prior_loss, exact = nearest_answer_loss(outputs["prior_logits"], inputs, labels, loss_type, ignore_index,
+                                                accepted=halt_target)
+        total = total + outputs["prior_weight"] * prior_loss
+        metrics["prior_match_loss"] = prior_loss.detach().to(torch.float32)
+        metrics["prior_exact"] = exact.to(torch.float32)
     return total, metrics
+
+
+def nearest_answers(answers: Tensor, inputs: Tensor, labels: Tensor, ignore_index: int = IGNORE_LABEL_ID,
+                    accepted: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """For each row, the label of the batch row with the same input that is nearest to its answer.
+
+    answers, inputs, labels: [B, L]. Distance = supervised tokens that differ; ties go to the
+    row's own label, then to the first row. On a multi-solution task (the same input with several
+    labels in the batch) this names the solution a sampled answer is closest to. ``accepted``
+    [B] bool (a verifier's judgement of the answers): those rows' targets are their own answers.
+    Returns (targets [B, L] with the labels' ignored tokens, distance [B]: 0 where the answer
+    equals one of them or is accepted).
+    """
+    same_input = (inputs.unsqueeze(1) == inputs.unsqueeze(0)).all(-1)  # [B, B]
+    supervised = labels != ignore_index  # [B, L]
+    differ = (answers.unsqueeze(1) != labels.unsqueeze(0)) & supervised.unsqueeze(0)  # [B, B, L]
+    distance = differ.sum(-1)  # [B, B]
+    own = torch.eye(len(labels), dtype=torch.long, device=labels.device)
+    score = (2 * distance - own).masked_fill(~same_input, 2 * labels.shape[1] + 1)  # own label wins ties
+    nearest = score.argmin(-1)  # [B]
+    targets, distance = labels[nearest], distance.gather(1, nearest.unsqueeze(1)).squeeze(1)
+    if accepted is not None:
+        own_answer = torch.where(supervised, answers.to(labels.dtype), ignore_index)
+        targets = torch.where(accepted.unsqueeze(1), own_answer, targets)
+        distance = torch.where(accepted, 0, distance)
+    return targets, distance
+
+
+def nearest_answer_loss(logits: Tensor, inputs: Tensor, labels: Tensor, loss_type: str,
+                        ignore_index: int = IGNORE_LABEL_ID, accepted: Optional[Tensor] = None,
+                        ) -> tuple[Tensor, Tensor]:
+    """Per-token-mean loss of ``logits`` [B, L, V] towards each row's nearest answer (see
+    ``nearest_answers``), summed over rows, and the count of rows whose argmax is one exactly
+    (or is ``accepted``)."""
+    with torch.no_grad():
+        targets, distance = nearest_answers(logits.argmax(-1), inputs, labels, ignore_index, accepted)
+    divisor = (targets != ignore_index).sum(-1).clamp_min(1)
+    loss = (token_loss_fn(loss_type)(logits, targets, ignore_index=ignore_index).sum(-1) / divisor).sum()
+    return loss, (distance == 0).sum()
 
 
 def _diag_gaussian_kl(mu_q: Tensor, logvar_q: Tensor, mu_p: Tensor, logvar_p: Tensor) -> Tensor:

@@ -56,7 +56,7 @@ from torch import Tensor, nn
 
 from urm_ray.losses import IGNORE_LABEL_ID, gaussian_kl
 from urm_ray.models.act import State
-from urm_ray.models.layers import ffn_width, lecun_linear, trunc_normal_
+from urm_ray.models.layers import Rope, ffn_width, lecun_linear, trunc_normal_
 from urm_ray.models.recurrent import require
 from urm_ray.models.task import TaskSpec
 from urm_ray.models.trm import TRM, TRMConfig
@@ -108,6 +108,12 @@ class GuidanceConfig:
     # each position through its own linear map: on multi-solution tasks the posterior can only
     # name which answer, not write it cell by cell
     latent_scope: Literal["position", "row"] = "position"
+    # weight of the prior match: in training a second pass of the segment, guided by the prior
+    # and with gradient, is decoded and trained towards the nearest answer among the batch rows
+    # with the same input (losses.nearest_answer_loss): on multi-solution tasks the decoder learns
+    # to turn the prior's draws, not only the posterior's, into valid answers. Costs a second
+    # forward and backward. 0 = off (paper)
+    prior_match: float = 0.0
 
     def check_guidance(self) -> None:
         """Validates the guidance fields; each config's __post_init__ calls it."""
@@ -115,6 +121,7 @@ class GuidanceConfig:
         require(self.noise_scale >= 0, f"model.noise_scale={self.noise_scale} must be >= 0")
         require(self.kl_coef >= 0, f"model.kl_coef={self.kl_coef} must be >= 0")
         require(self.kl_free_nats >= 0, f"model.kl_free_nats={self.kl_free_nats} must be >= 0")
+        require(self.prior_match >= 0, f"model.prior_match={self.prior_match} must be >= 0")
         require(self.kl_coef_start is None or (self.kl_coef_start >= 0 and self.kl_ramp_steps >= 1),
                 f"model.kl_coef_start={self.kl_coef_start} needs a value >= 0 and model.kl_ramp_steps >= 1 "
                 f"(got {self.kl_ramp_steps})")
@@ -197,6 +204,7 @@ class Guided(nn.Module):
         self.noise_scale = config.noise_scale
         # the KL's weight now (a tensor, so a compiled graph reads it rather than baking it in)
         self.register_buffer("kl_weight", torch.tensor(kl_coef_at(config, 0)), persistent=False)
+        self.register_buffer("prior_weight", torch.tensor(config.prior_match), persistent=False)
         if config.noise_scale:  # else none: weights without gradient, which DDP rejects
             self.build_guidance(config, task)
 
@@ -261,10 +269,19 @@ class Guided(nn.Module):
         outputs = self.heads(z)
         if target is None:
             return outputs
-        if self.config.halt_decode == "prior":  # the Q-halt label: the answer had the prior guided
+        if self.config.halt_decode == "prior" and not self.config.prior_match:  # else prior_match_outputs
             with torch.no_grad():
                 outputs["halt_logits"] = self.heads(self.perturb(u, self.prior_head(u)))["logits"]
         outputs.update(self.kl_outputs(torch.stack(kls), labels))
+        return outputs
+
+    def prior_match_outputs(self, z: Tensor) -> dict[str, Tensor]:
+        """The decode of a prior-guided training pass's last state z, with gradient, for
+        ``losses.nearest_answer_loss``; it is also the Q-halt decode with ``halt_decode: prior``."""
+        logits = self.heads(z)["logits"]
+        outputs = {"prior_logits": logits, "prior_weight": self.prior_weight}
+        if self.config.halt_decode == "prior":
+            outputs["halt_logits"] = logits.detach()
         return outputs
 
     def guide(self, u: Tensor, target: Optional[Tensor], charge: bool) -> tuple[Tensor, Optional[Tensor]]:
@@ -312,12 +329,21 @@ class GRAM(Guided, TRM):
             return super().core(state, x, labels)
         rope = self.rope(x.shape[1])
         target = self.training_target(labels, x)
-        z_H, z_L = state["z_H"], state["z_L"]
         kls: list[Tensor] = []  # per-row balanced KL [B] of each charged transition
+        z_H, z_L, u = self.transitions(state["z_H"], state["z_L"], x, rope, target, kls)
+        outputs = self.guided_outputs(z_H, u, target, kls, labels)
+        if target is not None and self.config.prior_match:
+            prior_z_H = self.transitions(state["z_H"], state["z_L"], x, rope, None, [])[0]
+            outputs.update(self.prior_match_outputs(prior_z_H))
+        return {"z_H": z_H, "z_L": z_L}, outputs
+
+    def transitions(self, z_H: Tensor, z_L: Tensor, x: Tensor, rope: Rope, target: Optional[Tensor],
+                    kls: list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """One segment's h_cycles guided transitions: posterior-guided with a target, else the
+        prior; returns z_H, z_L and the last proposal u."""
         for _ in range(self.config.h_cycles - 1):
             with torch.no_grad():
                 u, z_L = self.cycle(z_H, z_L, x, rope)
             z_H = self.free_transition(u, target, kls)
         u, z_L = self.cycle(z_H, z_L, x, rope)
-        z_H = self.graded_transition(u, target, kls)
-        return {"z_H": z_H, "z_L": z_L}, self.guided_outputs(z_H, u, target, kls, labels)
+        return self.graded_transition(u, target, kls), z_L, u

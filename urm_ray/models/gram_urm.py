@@ -18,13 +18,14 @@ learns 4x4 Sudoku far faster than TRM's at the same size (README, model zoo).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 from torch import Tensor
 
 from urm_ray.models.act import State
 from urm_ray.models.gram import GuidanceConfig, Guided
+from urm_ray.models.layers import Rope
 from urm_ray.models.urm import URM, URMConfig
 
 
@@ -47,8 +48,17 @@ class GRAMURM(Guided, URM):
             return super().core(state, x, labels)
         rope = self.rope(x.shape[1])
         target = self.training_target(labels, x)
-        h = state["hidden"]  # [B, T, D]
         kls: list[Tensor] = []  # per-row balanced KL [B] of each charged transition
+        h, u = self.transitions(state["hidden"], x, rope, target, kls)
+        outputs = self.guided_outputs(h, u, target, kls, labels)
+        if target is not None and self.config.prior_match:
+            outputs.update(self.prior_match_outputs(self.transitions(state["hidden"], x, rope, None, [])[0]))
+        return {"hidden": h}, outputs
+
+    def transitions(self, h: Tensor, x: Tensor, rope: Rope, target: Optional[Tensor],
+                    kls: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """One segment's guided passes from h [B, T, D]: posterior-guided with a target, else the
+        prior; returns the last state and the last proposal."""
         for _ in range(self.config.truncation):
             with torch.no_grad():
                 u = self.blocks(h, x, rope)
@@ -56,4 +66,4 @@ class GRAMURM(Guided, URM):
         for _ in range(self.config.loops - self.config.truncation):
             u = self.blocks(h, x, rope)
             h = self.graded_transition(u, target, kls)
-        return {"hidden": h}, self.guided_outputs(h, u, target, kls, labels)
+        return h, u

@@ -102,8 +102,9 @@ def bf16_autocast(device: torch.device, bf16: bool | str) -> Any:
 
 
 def _per_row(metric: str) -> bool:
-    """Losses and the KL are summed over every row; the other metrics over halted rows only."""
-    return metric.endswith("_loss") or metric.startswith("kl")
+    """Losses, the KL and GRAM's prior match are summed over every row; the other metrics over
+    halted rows only."""
+    return metric.endswith("_loss") or metric.startswith(("kl", "prior_"))
 
 
 def _first_nonfinite(first: torch.Tensor, nonfinite: torch.Tensor, step: int) -> torch.Tensor:
@@ -242,7 +243,7 @@ class Trainer:
                 halt_target = self.verifier(judged.detach().argmax(-1), data["inputs"], data["labels"])
             loss, metrics = self.loss_fn(
                 outputs, carry.current_data["labels"], carry.halted, carry.steps, self.cfg.train.loss,
-                halt_target=halt_target,
+                halt_target=halt_target, inputs=carry.current_data["inputs"],
             )
         # Official scaling: sum over the global batch / global batch size. DDP averages
         # gradients over ranks, so each rank divides by its local batch size.

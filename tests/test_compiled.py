@@ -31,7 +31,8 @@ def _loss_and_grads(trainer: Trainer, batch: dict[str, torch.Tensor]) -> tuple[t
     model = trainer.model.train()
     with trainer._autocast():
         carry, outputs = model(model.initial_carry(batch), batch)
-        loss, _ = trainer.loss_fn(outputs, carry.current_data["labels"], carry.halted, carry.steps)
+        loss, _ = trainer.loss_fn(outputs, carry.current_data["labels"], carry.halted, carry.steps,
+                                  inputs=carry.current_data["inputs"])
     loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
@@ -47,9 +48,14 @@ def _three_steps(tiny: Trainer) -> list[dict[str, torch.Tensor]]:
     return metrics
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_compiled_step_equals_eager(family: str):
-    eager, compiled = trainer(family, False), trainer(family, True)
+# every family, and GRAM with its prior match (a second, prior-guided pass and its matched loss)
+CASES = [pytest.param(family, (), id=family) for family in sorted(FAMILIES)] + [
+    pytest.param("gram_urm", ("model.prior_match=1.0",), id="gram_urm-prior_match")]
+
+
+@pytest.mark.parametrize(("family", "extra"), CASES)
+def test_compiled_step_equals_eager(family: str, extra: tuple[str, ...]):
+    eager, compiled = trainer(family, False, extra), trainer(family, True, extra)
     assert "core" in vars(compiled.model) and "core" not in vars(eager.model)  # compiled in place only
     with torch._inductor.config.patch(fallback_random=True):  # compiled randn = eager's stream
         loss_e, grads_e = _loss_and_grads(eager, batch(0))
@@ -61,7 +67,7 @@ def test_compiled_step_equals_eager(family: str):
         steps_e, steps_c = _three_steps(eager), _three_steps(compiled)
     for metrics_e, metrics_c in zip(steps_e, steps_c):
         assert metrics_c["count"] == metrics_e["count"]  # the same rows halted
-        for key in ("lm_loss", "q_halt_loss"):
+        for key in ("lm_loss", "q_halt_loss", *(("prior_match_loss",) if extra else ())):
             _assert_rel_close(metrics_c[key], metrics_e[key], key)
     for (name, p_e), (_, p_c) in zip(eager.model.named_parameters(), compiled.model.named_parameters()):
         _assert_rel_close(p_c, p_e, name)

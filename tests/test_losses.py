@@ -187,29 +187,35 @@ def test_act_loss_adds_a_models_aux_loss() -> None:
     assert metrics["kl"] == 7.0 and metrics["aux_loss"] == 0.7 and not metrics["aux_loss"].requires_grad
 
 
-def test_nearest_answers_picks_the_closest_label_of_the_same_input() -> None:
-    from urm_ray.losses import nearest_answers
+def test_matched_answers_pair_each_inputs_answers_and_labels_one_to_one() -> None:
+    from urm_ray.losses import matched_answers
 
     inputs = torch.tensor([[0, 0], [0, 0], [0, 0], [5, 5]])
     labels = torch.tensor([[1, 2], [3, 4], [1, 4], [1, 2]])
-    answers = torch.tensor([[3, 4], [1, 9], [7, 7], [3, 4]])
-    targets, distance = nearest_answers(answers, inputs, labels)
-    # row 0 equals row 1's label; row 1 is one token from rows 0 and 2 (the first wins); row 2
-    # is 2 from every label: its own wins the tie; row 3 has only its own input's label
-    assert targets.tolist() == [[3, 4], [1, 2], [1, 4], [1, 2]]
-    assert distance.tolist() == [0, 1, 2, 2]
+    # rows 0 and 1 both equal label 1: the nearest label would be [3, 4] for both; matched one to
+    # one, row 1 keeps it (its own) and row 0 takes the next cheapest; row 3 is alone with its input
+    answers = torch.tensor([[3, 4], [3, 4], [1, 4], [3, 4]])
+    targets, distance = matched_answers(answers, inputs, labels)
+    assert targets.tolist() == [[1, 2], [3, 4], [1, 4], [1, 2]]
+    assert distance.tolist() == [2, 0, 0, 2]
+    # every label of a group is some row's target
+    assert sorted(map(tuple, targets[:3].tolist())) == sorted(map(tuple, labels[:3].tolist()))
 
 
-def test_nearest_answers_ignores_unsupervised_tokens() -> None:
-    from urm_ray.losses import nearest_answers
+def test_matched_answers_ignore_unsupervised_tokens_and_prefer_the_own_label() -> None:
+    from urm_ray.losses import matched_answers
 
     inputs = torch.zeros(2, 3, dtype=torch.long)
     labels = torch.tensor([[1, 2, -100], [3, 3, -100]])
-    targets, distance = nearest_answers(torch.tensor([[3, 3, 8], [1, 2, 8]]), inputs, labels)
+    targets, distance = matched_answers(torch.tensor([[3, 3, 8], [1, 2, 8]]), inputs, labels)
     assert targets.tolist() == [[3, 3, -100], [1, 2, -100]] and distance.tolist() == [0, 0]
+    targets, _ = matched_answers(torch.tensor([[7, 7, 7], [7, 7, 7]]), inputs, labels)  # all equal
+    assert torch.equal(targets, labels)
 
 
-def test_act_loss_adds_the_prior_match_towards_the_nearest_answer() -> None:
+def test_act_loss_adds_the_prior_match_towards_the_matched_answers() -> None:
+    from urm_ray.losses import matched_answers
+
     halted, steps = torch.ones(3, dtype=torch.bool), torch.ones(3)
     inputs = torch.zeros(3, 4, dtype=torch.long)
     labels = torch.randint(0, 5, (3, 4), generator=torch.Generator().manual_seed(3))
@@ -221,22 +227,9 @@ def test_act_loss_adds_the_prior_match_towards_the_nearest_answer() -> None:
     with pytest.raises(ValueError, match="inputs"):
         act_loss(outputs, labels, halted, steps, "softmax")
     total, metrics = act_loss(outputs, labels, halted, steps, "softmax", inputs=inputs)
-    from urm_ray.losses import nearest_answers
-
-    targets, _ = nearest_answers(prior.argmax(-1), inputs, labels)
-    assert torch.equal(targets[0], labels[2])
+    targets, distance = matched_answers(prior.argmax(-1), inputs, labels)
     expected = (softmax_cross_entropy(prior, targets).mean(-1)).sum()
     torch.testing.assert_close(total, base + 0.5 * expected)
-    assert metrics["prior_exact"] >= 1 and metrics["prior_match_loss"] == expected.detach()
+    assert metrics["prior_exact"] == (distance == 0).sum() and metrics["prior_match_loss"] == expected.detach()
     total.backward()
     assert prior.grad.abs().sum() > 0
-
-
-def test_nearest_answers_keeps_an_accepted_answer_as_its_own_target() -> None:
-    from urm_ray.losses import nearest_answers
-
-    inputs = torch.zeros(2, 3, dtype=torch.long)
-    labels = torch.tensor([[1, 2, -100], [3, 3, -100]])
-    answers = torch.tensor([[2, 1, 8], [2, 1, 8]])  # a valid answer no label holds, say
-    targets, distance = nearest_answers(answers, inputs, labels, accepted=torch.tensor([True, False]))
-    assert targets.tolist() == [[2, 1, -100], [3, 3, -100]] and distance.tolist() == [0, 2]  # a tie: its own

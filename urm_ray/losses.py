@@ -15,8 +15,10 @@ the all-reduced `count`.
 
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from urm_ray.errors import ConfigError
@@ -119,7 +121,7 @@ def act_loss(
         (e.g. a verifier that accepts any valid solution, as GRAM does). Without it, an
         optional `halt_logits` output [B, L, V] (GRAM's prior-guided decode) is the answer judged.
     inputs: the batch's inputs [B, L], needed with a `prior_logits` output (GRAM's prior match):
-        ``prior_weight * nearest_answer_loss`` is added, with metrics `prior_match_loss` and
+        ``prior_weight * matched_answer_loss`` is added, with metrics `prior_match_loss` and
         `prior_exact`.
 
     Returns (total loss scalar, metrics). Metrics are detached float32 sums over rows:
@@ -154,49 +156,45 @@ def act_loss(
     if "prior_logits" in outputs:  # GRAM's prior match: its prior-guided decode, trained too
         if inputs is None:
             raise ValueError("a prior_logits output needs the batch's inputs (act_loss(..., inputs=...))")
-        # the trainer's verifier judged the prior decode (the Q-halt decode): an accepted one is its own target
-        prior_loss, exact = nearest_answer_loss(outputs["prior_logits"], inputs, labels, loss_type, ignore_index,
-                                                accepted=halt_target)
+        prior_loss, exact = matched_answer_loss(outputs["prior_logits"], inputs, labels, loss_type, ignore_index)
         total = total + outputs["prior_weight"] * prior_loss
         metrics["prior_match_loss"] = prior_loss.detach().to(torch.float32)
         metrics["prior_exact"] = exact.to(torch.float32)
     return total, metrics
 
 
-def nearest_answers(answers: Tensor, inputs: Tensor, labels: Tensor, ignore_index: int = IGNORE_LABEL_ID,
-                    accepted: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    """For each row, the label of the batch row with the same input that is nearest to its answer.
+def matched_answers(answers: Tensor, inputs: Tensor, labels: Tensor, ignore_index: int = IGNORE_LABEL_ID,
+                    ) -> tuple[Tensor, Tensor]:
+    """Each row's target: a label of the batch rows with the same input, matched one to one.
 
-    answers, inputs, labels: [B, L]. Distance = supervised tokens that differ; ties go to the
-    row's own label, then to the first row. On a multi-solution task (the same input with several
-    labels in the batch) this names the solution a sampled answer is closest to. ``accepted``
-    [B] bool (a verifier's judgement of the answers): those rows' targets are their own answers.
-    Returns (targets [B, L] with the labels' ignored tokens, distance [B]: 0 where the answer
-    equals one of them or is accepted).
+    answers, inputs, labels: [B, L]. Within each group of rows with the same input, answers and
+    labels are paired by a minimum-cost perfect matching (cost = supervised tokens that differ;
+    a row's own label is preferred among equals). On a multi-solution task (the blank board with
+    many labels) every sampled answer moves towards a solution it is close to, and the samples
+    together towards all the group's solutions: nearest-label targets alone let them all settle
+    on one. A row alone with its input gets its own label.
+    Returns (targets [B, L], distance [B] of each answer to its target: 0 where they are equal).
     """
-    same_input = (inputs.unsqueeze(1) == inputs.unsqueeze(0)).all(-1)  # [B, B]
+    group = torch.unique(inputs, dim=0, return_inverse=True)[1]  # [B]
     supervised = labels != ignore_index  # [B, L]
-    differ = (answers.unsqueeze(1) != labels.unsqueeze(0)) & supervised.unsqueeze(0)  # [B, B, L]
-    distance = differ.sum(-1)  # [B, B]
-    own = torch.eye(len(labels), dtype=torch.long, device=labels.device)
-    score = (2 * distance - own).masked_fill(~same_input, 2 * labels.shape[1] + 1)  # own label wins ties
-    nearest = score.argmin(-1)  # [B]
-    targets, distance = labels[nearest], distance.gather(1, nearest.unsqueeze(1)).squeeze(1)
-    if accepted is not None:
-        own_answer = torch.where(supervised, answers.to(labels.dtype), ignore_index)
-        targets = torch.where(accepted.unsqueeze(1), own_answer, targets)
-        distance = torch.where(accepted, 0, distance)
-    return targets, distance
+    distance = ((answers.unsqueeze(1) != labels.unsqueeze(0)) & supervised.unsqueeze(0)).sum(-1)  # [B, B]
+    cost = (2 * distance - torch.eye(len(labels), dtype=distance.dtype, device=distance.device)).cpu().numpy()
+    match = np.arange(len(labels))
+    group_np = group.cpu().numpy()
+    for members in (np.flatnonzero(group_np == g) for g in np.unique(group_np)):
+        if len(members) > 1:
+            rows, cols = linear_sum_assignment(cost[np.ix_(members, members)])
+            match[members[rows]] = members[cols]
+    matched = torch.as_tensor(match, device=labels.device)
+    return labels[matched], distance.gather(1, matched.unsqueeze(1)).squeeze(1)
 
 
-def nearest_answer_loss(logits: Tensor, inputs: Tensor, labels: Tensor, loss_type: str,
-                        ignore_index: int = IGNORE_LABEL_ID, accepted: Optional[Tensor] = None,
-                        ) -> tuple[Tensor, Tensor]:
-    """Per-token-mean loss of ``logits`` [B, L, V] towards each row's nearest answer (see
-    ``nearest_answers``), summed over rows, and the count of rows whose argmax is one exactly
-    (or is ``accepted``)."""
+def matched_answer_loss(logits: Tensor, inputs: Tensor, labels: Tensor, loss_type: str,
+                        ignore_index: int = IGNORE_LABEL_ID) -> tuple[Tensor, Tensor]:
+    """Per-token-mean loss of ``logits`` [B, L, V] towards each row's matched label (see
+    ``matched_answers``), summed over rows, and the count of rows whose argmax equals it."""
     with torch.no_grad():
-        targets, distance = nearest_answers(logits.argmax(-1), inputs, labels, ignore_index, accepted)
+        targets, distance = matched_answers(logits.argmax(-1), inputs, labels, ignore_index)
     divisor = (targets != ignore_index).sum(-1).clamp_min(1)
     loss = (token_loss_fn(loss_type)(logits, targets, ignore_index=ignore_index).sum(-1) / divisor).sum()
     return loss, (distance == 0).sum()

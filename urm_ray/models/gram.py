@@ -109,10 +109,10 @@ class GuidanceConfig:
     # name which answer, not write it cell by cell
     latent_scope: Literal["position", "row"] = "position"
     # weight of the prior match: in training a second pass of the segment, guided by the prior
-    # and with gradient, is decoded and trained towards the nearest answer among the batch rows
-    # with the same input (losses.nearest_answer_loss): on multi-solution tasks the decoder learns
-    # to turn the prior's draws, not only the posterior's, into valid answers. Costs a second
-    # forward and backward. 0 = off (paper)
+    # and with gradient, is decoded and trained towards the labels of the batch rows with the same
+    # input, matched one to one to the draws (losses.matched_answer_loss): on multi-solution tasks
+    # the decoder learns to turn the prior's draws, not only the posterior's, into valid answers,
+    # and the draws to cover the answers. Costs a second forward and backward. 0 = off (paper)
     prior_match: float = 0.0
 
     def check_guidance(self) -> None:
@@ -277,7 +277,7 @@ class Guided(nn.Module):
 
     def prior_match_outputs(self, z: Tensor) -> dict[str, Tensor]:
         """The decode of a prior-guided training pass's last state z, with gradient, for
-        ``losses.nearest_answer_loss``; it is also the Q-halt decode with ``halt_decode: prior``."""
+        ``losses.matched_answer_loss``; it is also the Q-halt decode with ``halt_decode: prior``."""
         logits = self.heads(z)["logits"]
         outputs = {"prior_logits": logits, "prior_weight": self.prior_weight}
         if self.config.halt_decode == "prior":

@@ -27,6 +27,11 @@ segment only, as in TRM. The KL (balanced, see ``losses.gaussian_kl``) is charge
 transition (``outputs["halt_logits"]``): the posterior-guided answer is always right, so as a
 label it teaches the Q-head to halt at once, and deep supervision never sees later segments.
 
+``prior_match`` (off by default) adds a second training pass of the segment, guided by the prior
+and with gradient (``transitions`` with no target): its decode ``prior_logits`` is trained
+towards the batch's labels for the same input, matched one to one to the draws
+(``losses.matched_answers``), so the core learns to decode the states inference reaches.
+
 ``noise_scale = 0`` builds no guidance modules: the model is then exactly TRM (same weights, so
 a TRM state dict loads). Samples differ only through the global torch RNG; N trajectories run
 as one batch (see urm_ray.train.evaluate.evaluate_sampled).

@@ -28,6 +28,7 @@ PAPER = {"kl_transitions": "last", "kl_reduction": "sum", "halt_decode": "poster
         ({"kl_coef": -1.0}, "model.kl_coef=-1.0"),
         ({"kl_balance": 1.5}, "model.kl_balance=1.5"),
         ({"kl_free_nats": -1.0}, "model.kl_free_nats=-1.0"),
+        ({"prior_match": -0.5}, "model.prior_match=-0.5"),
         ({"kl_coef_start": 0.5}, r"model.kl_coef_start=0.5 needs .* model.kl_ramp_steps >= 1 \(got 0\)"),
         ({"kl_coef_start": -1.0, "kl_ramp_steps": 5}, "model.kl_coef_start=-1.0"),
         ({"kl_ramp_steps": 5}, r"model.kl_ramp_steps=5 needs model.kl_coef_start"),
@@ -47,7 +48,7 @@ def test_an_unknown_latent_scope_names_the_key_and_the_choices():
 
 
 def test_options_without_effect_warn():
-    with pytest.warns(UserWarning, match="model.noise_scale=0"):
+    with pytest.warns(UserWarning, match="model.noise_scale=0.*model.prior_match"):
         GRAMConfig(noise_scale=0.0)
 
 

@@ -138,7 +138,7 @@ class GuidanceConfig:
         )
         if self.noise_scale == 0:
             warnings.warn("model.noise_scale=0: guidance is off (the model is its deterministic core); model.kl_coef, "
-                          "model.kl_balance and model.latent_dim have no effect")
+                          "model.kl_balance, model.latent_dim and model.prior_match have no effect")
 
 
 

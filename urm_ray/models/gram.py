@@ -284,7 +284,9 @@ class Guided(nn.Module):
         """The decode of a prior-guided training pass's last state z, with gradient, for
         ``losses.matched_answer_loss``; it is also the Q-halt decode with ``halt_decode: prior``."""
         logits = self.heads(z)["logits"]
-        outputs = {"prior_logits": logits, "prior_weight": self.prior_weight}
+        # a copy: a compiled core that returns the buffer itself replays it as an aliased output,
+        # which failed once in CI with a garbage shape (torch 2.13, CPU inductor)
+        outputs = {"prior_logits": logits, "prior_weight": self.prior_weight.clone()}
         if self.config.halt_decode == "prior":
             outputs["halt_logits"] = logits.detach()
         return outputs

@@ -82,8 +82,27 @@ def test_augmentation_renames_nodes_and_colours_and_stays_proper():
         colour_changed += not np.array_equal(np.bincount(aug_colours, minlength=K),
                                              np.bincount(colours, minlength=K))
     assert colour_changed > 0  # the colour names were permuted, not only the nodes
+    for ax, ay in zip(aug_in, aug_lab):  # no givens: colours named by first use over the nodes
+        _, aug_colours = _decode(ax, ay, N)
+        first_uses = [int(c) for i, c in enumerate(aug_colours) if c not in aug_colours[:i]]
+        assert first_uses == list(range(len(first_uses)))
     again = augment.augment_batch(coloring.augment, inputs, labels, index, index * 0 + 1, 0)
     assert np.array_equal(again[0], aug_in) and np.array_equal(again[1], aug_lab)
+
+
+def test_augmentation_renames_given_colours_at_random():
+    inputs, labels = _generate(count=64, seed=4)
+    inputs = inputs.copy()
+    inputs[:, (N - 1) * (N + 1)] = labels[:, (N - 1) * (N + 1)]  # the last node's colour given
+    index = np.arange(64)
+    aug_in, aug_lab = augment.augment_batch(coloring.augment, inputs, labels, index, index * 0 + 1, 0)
+    assert coloring.valid_colorings_mask(aug_lab, aug_in, N).all()  # givens kept, renamed alike
+    not_first_use = 0
+    for ax, ay in zip(aug_in, aug_lab):
+        _, aug_colours = _decode(ax, ay, N)
+        first_uses = [int(c) for i, c in enumerate(aug_colours) if c not in aug_colours[:i]]
+        not_first_use += first_uses != list(range(len(first_uses)))
+    assert not_first_use > 0  # with a given colour the names stay a random renaming
 
 
 def test_build_and_cli(tmp_path, capsys):

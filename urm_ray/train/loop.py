@@ -236,14 +236,17 @@ class Trainer:
         self.wrapped.train()
         with self._autocast():
             carry, outputs = self.wrapped(carry, batch)
-            halt_target = None
+            halt_target = prior_accepted = None
+            data = carry.current_data
             if self.verifier is not None:
-                data = carry.current_data
                 judged = outputs.get("halt_logits", outputs["logits"])  # GRAM: a prior decode
                 halt_target = self.verifier(judged.detach().argmax(-1), data["inputs"], data["labels"])
+                if getattr(self.cfg.model, "prior_match_targets", "label") == "verified" and "prior_logits" in outputs:
+                    prior_accepted = self.verifier(outputs["prior_logits"].detach().argmax(-1), data["inputs"],
+                                                   data["labels"])
             loss, metrics = self.loss_fn(
-                outputs, carry.current_data["labels"], carry.halted, carry.steps, self.cfg.train.loss,
-                halt_target=halt_target, inputs=carry.current_data["inputs"],
+                outputs, data["labels"], carry.halted, carry.steps, self.cfg.train.loss,
+                halt_target=halt_target, inputs=data["inputs"], prior_accepted=prior_accepted,
             )
         # Official scaling: sum over the global batch / global batch size. DDP averages
         # gradients over ranks, so each rank divides by its local batch size.

@@ -173,9 +173,13 @@ def build_generated(
 
 
 def augment(inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray) -> Transform:
-    """The nodes renamed by a random permutation (rows and adjacency columns move together) and
-    the colours renamed by a random permutation of the colours 0..m, m the largest colour in the
-    row (all k of them in a generated label)."""
+    """The nodes renamed by a random permutation (rows and adjacency columns move together), then
+    the colours renamed. A graph with no given colour has its label's colours put in canonical
+    order, numbered by first use over the renamed nodes (node 0 gets colour 0, the first node
+    with another colour gets colour 1, ...): the colour names carry no information there, and a
+    label renamed at random would leave every node's colour at chance for any model. A graph with
+    given colours has them renamed by a random permutation of 0..m, m the largest colour in the
+    row, givens and label alike."""
     seq_len = inputs.shape[1]
     n = num_nodes(seq_len)
     perm = random_permutations(keys, n, salt=21)  # [B, n] source node of each output node
@@ -192,8 +196,20 @@ def augment(inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray) -> Transfo
     order = np.argsort(
         np.where(colour[None, :] < num_colours[:, None].astype(np.uint64), draws, fixed), axis=1
     )  # [B, W]: the first m+1 entries permute 0..m
+    given = (inputs.reshape(-1, n, n + 1)[:, :, 0] >= COLOR0_TOKEN).any(axis=1)  # [B]
+    slots = np.take_along_axis(labels.reshape(-1, n, n + 1)[:, :, 0].astype(np.int64), perm, axis=1)
+    lut = np.where(given[:, None], order, _first_use_ranks(slots - COLOR0_TOKEN, width))
     head = np.broadcast_to(np.arange(COLOR0_TOKEN), (len(keys), COLOR0_TOKEN))
-    return Transform(src, np.concatenate([head, order + COLOR0_TOKEN], axis=1))  # lut [B, 4 + W]
+    return Transform(src, np.concatenate([head, lut + COLOR0_TOKEN], axis=1))  # lut [B, 4 + W]
+
+
+def _first_use_ranks(colours: np.ndarray, width: int) -> np.ndarray:
+    """[B, W]: the new name of each colour 0..W-1 of rows [B, n] (negative = no colour): its rank
+    by first use along the row, unused colours last in their order."""
+    count, n = colours.shape
+    hits = colours[:, :, None] == np.arange(width)[None, None, :]  # [B, n, W]
+    first = np.where(hits.any(axis=1), hits.argmax(axis=1), n + np.arange(width)[None, :])  # [B, W]
+    return np.argsort(np.argsort(first, axis=1, kind="stable"), axis=1, kind="stable")
 
 
 def verifier(seq_len: int) -> NumpyCheck:

@@ -136,3 +136,39 @@ def test_ray_stream_augments_graphs_validly(ray_local, tmp_path):
     assert len(inputs) == 40 and (labels.reshape(-1, N, N + 1)[:, :, 1:] == -100).all()
     assert coloring.valid_colorings_mask(labels, inputs, N).all()
     assert len({x.tobytes() for x in inputs}) > 10
+
+
+def test_nearest_finds_a_proper_colouring_at_the_least_distance():
+    n = 6
+    inputs, labels = _generate(count=24, seed=5, n=n)
+    inputs = inputs.copy()
+    inputs[:4, 0] = labels[:4, 0]  # node 0's colour given in the first four graphs
+    answers = labels.copy()
+    answers[:, 0 :: n + 1] = coloring.COLOR0_TOKEN + np.random.default_rng(1).integers(0, K, (24, n))
+    answers[5] = labels[5]  # already the label: kept
+    search = coloring.nearest(n * (n + 1), coloring.COLOR0_TOKEN + K)
+    targets = search(answers, inputs, labels)
+    assert coloring.valid_colorings_mask(targets, inputs, n).all()
+    assert (targets.reshape(24, n, n + 1)[:, :, 1:] == coloring.IGNORE_LABEL).all()  # adjacency ignored
+    assert np.array_equal(targets[5], labels[5])
+    every = np.array(np.meshgrid(*[np.arange(K)] * n, indexing="ij")).reshape(n, -1).T  # [K^n, n]
+    for x, y, a, t in zip(inputs, labels, answers, targets):
+        adjacency, _ = _decode(x, y, n)
+        given = x.reshape(n, n + 1)[:, 0] - coloring.COLOR0_TOKEN
+        proper = [c for c in every if _proper(adjacency, c) and all(g < 0 or g == v for g, v in zip(given, c))]
+        distance = lambda c: int((c != a.reshape(n, n + 1)[:, 0] - coloring.COLOR0_TOKEN).sum())  # noqa: E731
+        assert distance(t.reshape(n, n + 1)[:, 0] - coloring.COLOR0_TOKEN) == min(map(distance, proper))
+
+
+def test_nearest_refuses_a_search_too_large_and_tasks_without_one():
+    from urm_ray.data.tasks.verify import nearest_for
+
+    with pytest.raises(ConfigError, match=r"3\^12 colourings .* over 100,000"):
+        coloring.nearest(12 * 13, coloring.COLOR0_TOKEN + 3)
+    with pytest.raises(ConfigError, match="task 'sudoku' has no search .* tasks with one: \\['coloring'\\]"):
+        nearest_for("sudoku", 16, 6)
+    torch = pytest.importorskip("torch")
+    inputs, labels = _generate(count=4, seed=2)
+    search = nearest_for("coloring", N * (N + 1), coloring.COLOR0_TOKEN + K)
+    same = search(torch.from_numpy(labels), torch.from_numpy(inputs), torch.from_numpy(labels))
+    assert same.dtype == torch.int16 and np.array_equal(same.numpy(), labels)

@@ -109,7 +109,7 @@ def act_loss(
     ignore_index: int = IGNORE_LABEL_ID,
     halt_target: Optional[Tensor] = None,
     inputs: Optional[Tensor] = None,
-    prior_accepted: Optional[Tensor] = None,
+    prior_targets: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of one ACT segment and its metrics, exactly as the official ACTLossHead.
 
@@ -123,9 +123,8 @@ def act_loss(
         optional `halt_logits` output [B, L, V] (GRAM's prior-guided decode) is the answer judged.
     inputs: the batch's inputs [B, L], needed with a `prior_logits` output (GRAM's prior match):
         ``prior_weight * matched_answer_loss`` is added, with metrics `prior_match_loss` and
-        `prior_exact`. prior_accepted: optional [B] bool, the prior decodes a task verifier
-        accepts: a row alone with its input and accepted is its own target (see
-        ``matched_answers``).
+        `prior_exact`. prior_targets: optional [B, L], the prior match's targets of rows alone
+        with their input in place of their labels (see ``matched_answers``).
 
     Returns (total loss scalar, metrics). Metrics are detached float32 sums over rows:
     `count`, `accuracy` (sum of per-row token accuracy), `exact_accuracy`, `q_halt_accuracy`,
@@ -160,7 +159,7 @@ def act_loss(
         if inputs is None:
             raise ValueError("a prior_logits output needs the batch's inputs (act_loss(..., inputs=...))")
         prior_loss, exact = matched_answer_loss(outputs["prior_logits"], inputs, labels, loss_type, ignore_index,
-                                                prior_accepted)
+                                                prior_targets)
         total = total + outputs["prior_weight"] * prior_loss
         metrics["prior_match_loss"] = prior_loss.detach().to(torch.float32)
         metrics["prior_exact"] = exact.to(torch.float32)
@@ -168,7 +167,7 @@ def act_loss(
 
 
 def matched_answers(answers: Tensor, inputs: Tensor, labels: Tensor, ignore_index: int = IGNORE_LABEL_ID,
-                    accepted: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                    alone_targets: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Each row's target: a label of the batch rows with the same input, matched one to one.
 
     answers, inputs, labels: [B, L]. Within each group of rows with the same input, answers and
@@ -176,9 +175,10 @@ def matched_answers(answers: Tensor, inputs: Tensor, labels: Tensor, ignore_inde
     a row's own label is preferred among equals). On a multi-solution task (the blank board with
     many labels) every sampled answer moves towards a solution it is close to, and the samples
     together towards all the group's solutions: nearest-label targets alone let them all settle
-    on one. A row alone with its input gets its own label, or, where ``accepted`` [B] bool says a
-    verifier accepts its answer, the answer itself (on supervised tokens): a valid answer other
-    than the one label (another colouring of the same graph) is kept, not pulled to the label.
+    on one. A row alone with its input gets its own label, or its row of ``alone_targets`` [B, L]
+    where given: on a task with one label per input but many valid answers (graph colouring) the
+    answer itself where a verifier accepts it, or the valid answer nearest to it, so that a valid
+    answer other than the one label is not pulled towards the label.
     Returns (targets [B, L], distance [B] of each answer to its target: 0 where they are equal).
     """
     group = torch.unique(inputs, dim=0, return_inverse=True)[1]  # [B]
@@ -193,21 +193,27 @@ def matched_answers(answers: Tensor, inputs: Tensor, labels: Tensor, ignore_inde
             match[members[rows]] = members[cols]
     matched = torch.as_tensor(match, device=labels.device)
     targets, target_distance = labels[matched], distance.gather(1, matched.unsqueeze(1)).squeeze(1)
-    if accepted is None:
+    if alone_targets is None:
         return targets, target_distance
-    alone = torch.bincount(group)[group] == 1  # [B]
-    own = accepted.to(labels.device) & alone
-    targets = torch.where(own.unsqueeze(1) & supervised, answers.to(labels.dtype), targets)
-    return targets, torch.where(own, torch.zeros_like(target_distance), target_distance)
+    alone = (torch.bincount(group)[group] == 1).unsqueeze(1)  # [B, 1]
+    targets = torch.where(alone, alone_targets.to(labels.device, labels.dtype), targets)
+    return targets, ((answers != targets) & (targets != ignore_index)).sum(-1)
+
+
+def verified_targets(answers: Tensor, accepted: Tensor, labels: Tensor, ignore_index: int = IGNORE_LABEL_ID,
+                     ) -> Tensor:
+    """[B, L]: each accepted answer [B] bool on its label's supervised tokens, else the label."""
+    keep = accepted.to(labels.device).unsqueeze(1) & (labels != ignore_index)
+    return torch.where(keep, answers.to(labels.dtype), labels)
 
 
 def matched_answer_loss(logits: Tensor, inputs: Tensor, labels: Tensor, loss_type: str,
-                        ignore_index: int = IGNORE_LABEL_ID, accepted: Optional[Tensor] = None,
+                        ignore_index: int = IGNORE_LABEL_ID, alone_targets: Optional[Tensor] = None,
                         ) -> tuple[Tensor, Tensor]:
     """Per-token-mean loss of ``logits`` [B, L, V] towards each row's matched target (see
     ``matched_answers``), summed over rows, and the count of rows whose argmax equals it."""
     with torch.no_grad():
-        targets, distance = matched_answers(logits.argmax(-1), inputs, labels, ignore_index, accepted)
+        targets, distance = matched_answers(logits.argmax(-1), inputs, labels, ignore_index, alone_targets)
     divisor = (targets != ignore_index).sum(-1).clamp_min(1)
     loss = (token_loss_fn(loss_type)(logits, targets, ignore_index=ignore_index).sum(-1) / divisor).sum()
     return loss, (distance == 0).sum()

@@ -119,11 +119,12 @@ class GuidanceConfig:
     # the decoder learns to turn the prior's draws, not only the posterior's, into valid answers,
     # and the draws to cover the answers. Costs a second forward and backward. 0 = off (paper)
     prior_match: float = 0.0
-    # the prior match's target for a row alone with its input (a unique-input task): "label" =
-    # its label; "verified" = its own prior decode where the task verifier accepts it, else its
-    # label (any valid answer is reinforced, not pulled to the one label; needs halt_target:
-    # verifier)
-    prior_match_targets: Literal["label", "verified"] = "label"
+    # the prior match's target for a row alone with its input (one label per input, many valid
+    # answers: graph colouring): "label"; "verified" = its own prior decode where the task
+    # verifier accepts it, else its label (needs halt_target: verifier); "nearest" = the valid
+    # answer nearest to its decode, from the task's exhaustive search (small graph colouring).
+    # Either way a valid answer other than the one label is not pulled towards the label.
+    prior_match_targets: Literal["label", "verified", "nearest"] = "label"
 
     def check_guidance(self) -> None:
         """Validates the guidance fields; each config's __post_init__ calls it."""

@@ -23,11 +23,12 @@ from torch import nn
 
 from urm_ray.config import RunConfig, TrainConfig, build_config
 from urm_ray.data import stream
+from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import registry
 from urm_ray.data.tasks.arc.evaluate import PASS_KS, evaluate_arc
-from urm_ray.data.tasks.verify import Verifier, optional_verifier, verifier_for
+from urm_ray.data.tasks.verify import Search, Verifier, nearest_for, optional_verifier, verifier_for
 from urm_ray.errors import TrainingDiverged
-from urm_ray.losses import act_loss
+from urm_ray.losses import act_loss, verified_targets
 from urm_ray.models.gram import Guided
 from urm_ray.models.registry import build_model
 from urm_ray.models.task import TaskSpec
@@ -74,11 +75,23 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     if getattr(cfg.model, "halt_target", "label") == "verifier":
         trainer.verifier = verifier_for(meta.task, meta.seq_len)
     trainer.eval_verifier = optional_verifier(meta.task, meta.seq_len)
+    trainer.prior_targets = _prior_targets(cfg, meta, trainer.verifier)
     if registry.of(meta).versioned:
         trainer.arc_views = cfg.train.eval_arc_views
     trainer.progress = progress
     trainer.persist_to = run_folder if loop_config["in_process"] else None
     trainer.run(position, None if carry is None else carry.to(device))
+
+
+def _prior_targets(cfg: RunConfig, meta: DatasetMeta, verifier: Verifier | None) -> Search | None:
+    """GRAM's ``model.prior_match_targets`` as a search on the prior's decodes (None: labels)."""
+    choice = getattr(cfg.model, "prior_match_targets", "label")
+    if choice == "nearest":
+        return nearest_for(meta.task, meta.seq_len, meta.vocab_size)
+    if choice == "verified" and verifier is not None:  # the config requires halt_target: verifier
+        judge = verifier
+        return lambda answers, inputs, labels: verified_targets(answers, judge(answers, inputs, labels), labels)
+    return None
 
 
 def _device(loop_config: dict[str, Any]) -> torch.device:
@@ -166,6 +179,9 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         # GRAM's halting target "a task verifier accepts it" (None = "equals the label")
         self.verifier: Verifier | None = None
+        # GRAM's prior match: the targets of rows alone with their input, from their prior decodes
+        # (model.prior_match_targets; None = their labels)
+        self.prior_targets: Search | None = None
         # judges held-out answers: eval/valid_accuracy and, with train.eval_samples > 0, the
         # sampled answers' validity and coverage (None = "equals the label")
         self.eval_verifier: Verifier | None = None
@@ -236,17 +252,17 @@ class Trainer:
         self.wrapped.train()
         with self._autocast():
             carry, outputs = self.wrapped(carry, batch)
-            halt_target = prior_accepted = None
+            halt_target = prior_targets = None
             data = carry.current_data
             if self.verifier is not None:
                 judged = outputs.get("halt_logits", outputs["logits"])  # GRAM: a prior decode
                 halt_target = self.verifier(judged.detach().argmax(-1), data["inputs"], data["labels"])
-                if getattr(self.cfg.model, "prior_match_targets", "label") == "verified" and "prior_logits" in outputs:
-                    prior_accepted = self.verifier(outputs["prior_logits"].detach().argmax(-1), data["inputs"],
+            if self.prior_targets is not None and "prior_logits" in outputs:
+                prior_targets = self.prior_targets(outputs["prior_logits"].detach().argmax(-1), data["inputs"],
                                                    data["labels"])
             loss, metrics = self.loss_fn(
                 outputs, data["labels"], carry.halted, carry.steps, self.cfg.train.loss,
-                halt_target=halt_target, inputs=data["inputs"], prior_accepted=prior_accepted,
+                halt_target=halt_target, inputs=data["inputs"], prior_targets=prior_targets,
             )
         # Official scaling: sum over the global batch / global batch size. DDP averages
         # gradients over ranks, so each rank divides by its local batch size.

@@ -35,7 +35,7 @@ from urm_ray.data.store import (
     split_chunk_stream,
     write_dataset_chunks,
 )
-from urm_ray.data.tasks.task import NumpyCheck, PuzzleTask
+from urm_ray.data.tasks.task import NumpyCheck, NumpySearch, PuzzleTask
 from urm_ray.errors import ConfigError, DataError
 from urm_ray.progress import Progress
 
@@ -218,6 +218,48 @@ def verifier(seq_len: int) -> NumpyCheck:
     return lambda answers, inputs, labels: valid_colorings_mask(answers, inputs, n)
 
 
+MAX_NEAREST_CANDIDATES = 100_000  # k^n colourings searched at once by `nearest`
+
+
+def nearest(seq_len: int, vocab_size: int) -> NumpySearch:
+    """The proper colouring nearest to each answer (fewest nodes coloured differently; the label
+    among equals), searched over all k^n colourings, k = vocab_size - 4: graphs of up to 10 nodes
+    with 3 colours. Labels come back with their slots replaced (adjacency cells stay ignored); a
+    graph with no proper colouring keeps its label."""
+    n, k = num_nodes(seq_len), vocab_size - COLOR0_TOKEN
+    if k < 1 or k ** n > MAX_NEAREST_CANDIDATES:
+        raise ConfigError(f"coloring: a nearest-colouring search over {k}^{n} colourings (vocab_size={vocab_size}, "
+                          f"{n} nodes) is over {MAX_NEAREST_CANDIDATES:,}; it is for small graphs")
+    candidates = np.stack(np.unravel_index(np.arange(k ** n), (k,) * n), axis=1)  # [M, n]
+    same = (candidates[:, :, None] == candidates[:, None, :]).reshape(len(candidates), n * n)
+    chosen = _one_hot(candidates + COLOR0_TOKEN, k)  # [M, n * k]
+
+    def search(answers: np.ndarray, inputs: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        count = len(answers)
+        slots = [np.asarray(a).reshape(count, n, n + 1)[:, :, 0].astype(np.int64) for a in (answers, inputs, labels)]
+        answer, given, label = slots
+        edges = (np.asarray(inputs).reshape(count, n, n + 1)[:, :, 1:] == EDGE_TOKEN).reshape(count, n * n)
+        clash = edges.astype(np.float32) @ same.T.astype(np.float32)  # [N, M] edges inside a colour
+        keeps = _one_hot(given, k) @ chosen.T == (given >= COLOR0_TOKEN).sum(1, keepdims=True)
+        valid = (clash == 0) & keeps
+        score = 2 * (_one_hot(answer, k) @ chosen.T) + (_one_hot(label, k) @ chosen.T == n)
+        best = np.where(valid, score, -1).argmax(axis=1)  # [N]
+        targets = np.array(labels, dtype=np.int64).reshape(count, n, n + 1)
+        found = valid.any(axis=1)
+        targets[found, :, 0] = COLOR0_TOKEN + candidates[best[found]]
+        return targets.reshape(count, -1)
+
+    return search
+
+
+def _one_hot(slots: np.ndarray, k: int) -> np.ndarray:
+    """[..., n * k] float32: colour slot tokens [..., n] one-hot over the k colours (no colour:
+    all zero)."""
+    colour = slots - COLOR0_TOKEN
+    hot = (colour[..., None] == np.arange(k)) & (colour[..., None] >= 0)
+    return hot.reshape(*slots.shape[:-1], -1).astype(np.float32)
+
+
 def _build_command(args: argparse.Namespace) -> None:
     check_output_folder(args.out, args.overwrite)  # before any work
     build_generated(
@@ -243,4 +285,4 @@ def add_builder(data: argparse._SubParsersAction) -> None:
 
 
 TASK = PuzzleTask("coloring", add_builder=add_builder, augmentation="coloring", augment=augment,
-                  verifier=verifier)
+                  verifier=verifier, nearest=nearest)

@@ -24,6 +24,11 @@ from urm_ray.errors import ConfigError
 NumpyCheck = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 # seq_len -> the check for boards of that length; ConfigError for an impossible seq_len
 VerifierFactory = Callable[[int], NumpyCheck]
+# (answers, inputs, labels) numpy [N, L] -> [N, L]: the valid answer nearest to each answer (fewest
+# differing supervised tokens, the label among equals), label-shaped (its ignored tokens kept)
+NumpySearch = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+# (seq_len, vocab_size) -> the search for boards of that shape; ConfigError where it is too large
+SearchFactory = Callable[[int, int], NumpySearch]
 # adds the task's `urm-ray data` sub-command(s) to the `data` sub-parsers; each sets `func`
 AddBuilder = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -41,6 +46,9 @@ class PuzzleTask:
     augment: TransformFn | None = None
     # a verifier that needs no label: any valid answer passes (None: only the label is right)
     verifier: VerifierFactory | None = None
+    # the valid answer nearest to an answer, by exhaustive search (None: the task has none); GRAM's
+    # prior match can train towards it (``model.prior_match_targets: nearest``)
+    nearest: SearchFactory | None = None
     # ARC: each augmented version of a whole task is its own puzzle. It has its own
     # puzzle-embedding row, versions are drawn per task without repeats and grids translate on
     # the canvas (`tasks.arc.augment`), and held-out evaluation votes over versions (pass@k,

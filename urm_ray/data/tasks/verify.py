@@ -9,6 +9,8 @@ sampled evaluation, ``eval/valid_accuracy`` and ``urm-ray sample``.
     accepts = verifier_for("maze", seq_len=900)
     ok = accepts(logits.argmax(-1), batch["inputs"], batch["labels"])     # [B] bool
 
+``nearest_for`` wraps a task's search for the valid answer nearest to an answer the same way.
+
 ARC has one right answer per input, so it has no verifier: its answers are checked against the
 label (`tasks.arc.evaluate.exact_match`).
 """
@@ -45,6 +47,26 @@ def verifier_for(task: str, seq_len: int) -> Verifier:
         raise ConfigError(f"task {task!r} has one right answer per input and no verifier (its"
                           f" answers are checked against the label); tasks with one: {having}")
     return _on_numpy(factory(seq_len))
+
+
+# (answers, inputs, labels) [N, L] tensors -> [N, L] targets on the labels' device
+Search = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def nearest_for(task: str, seq_len: int, vocab_size: int) -> Search:
+    """``task``'s search for the valid answer nearest to each answer, as a torch function (GRAM's
+    ``model.prior_match_targets: nearest``); ConfigError if the task has none or it is too large."""
+    factory = registry.get(task).nearest
+    if factory is None:
+        having = sorted(name for name, t in registry.TASKS.items() if t.nearest is not None)
+        raise ConfigError(f"task {task!r} has no search for the nearest valid answer; tasks with one: {having}")
+    search = factory(seq_len, vocab_size)
+
+    def nearest(answers: Tensor, inputs: Tensor, labels: Tensor) -> Tensor:
+        targets = search(*(t.detach().cpu().numpy() for t in (answers, inputs, labels)))
+        return torch.from_numpy(np.asarray(targets)).to(labels.device, labels.dtype)
+
+    return nearest
 
 
 def optional_verifier(task: str, seq_len: int) -> Verifier | None:

@@ -213,18 +213,18 @@ def test_matched_answers_ignore_unsupervised_tokens_and_prefer_the_own_label() -
     assert torch.equal(targets, labels)
 
 
-def test_matched_answers_keep_an_accepted_answer_of_a_row_alone_with_its_input() -> None:
-    from urm_ray.losses import matched_answers, verified_targets
+def test_matched_answers_give_a_row_alone_with_its_input_its_search_target() -> None:
+    from urm_ray.losses import matched_answers
 
     inputs = torch.tensor([[0, 0, 0], [0, 0, 0], [1, 1, 1], [2, 2, 2]])
     labels = torch.tensor([[1, 2, -100], [3, 3, -100], [1, 1, -100], [2, 2, -100]])
-    answers = torch.tensor([[5, 5, 8], [6, 6, 8], [4, 4, 8], [4, 4, 8]])
-    accepted = torch.tensor([True, True, True, False])
-    targets, distance = matched_answers(answers, inputs, labels, alone_targets=verified_targets(answers, accepted, labels))
-    # rows 0 and 1 share an input: matched to the labels whatever the verifier says; row 2 is
-    # alone and accepted: its own answer on the supervised tokens; row 3 alone, rejected: its label
-    assert targets.tolist() == [[1, 2, -100], [3, 3, -100], [4, 4, -100], [2, 2, -100]]
-    assert distance.tolist() == [2, 2, 0, 2]
+    answers = torch.tensor([[5, 5, 8], [6, 6, 8], [4, 4, 8], [4, 2, 8]])
+    searched = torch.tensor([[9, 9, -100], [9, 9, -100], [4, 4, -100], [4, 4, -100]])
+    targets, distance = matched_answers(answers, inputs, labels, alone_targets=searched)
+    # rows 0 and 1 share an input: matched to the group's labels; rows 2 and 3 are alone: the
+    # searched targets (row 2's answer is one, row 3's differs from it in one token)
+    assert targets.tolist() == [[1, 2, -100], [3, 3, -100], [4, 4, -100], [4, 4, -100]]
+    assert distance.tolist() == [2, 2, 0, 1]
 
 
 def test_act_loss_adds_the_prior_match_towards_the_matched_answers() -> None:

@@ -29,7 +29,6 @@ PAPER = {"kl_transitions": "last", "kl_reduction": "sum", "halt_decode": "poster
         ({"kl_balance": 1.5}, "model.kl_balance=1.5"),
         ({"kl_free_nats": -1.0}, "model.kl_free_nats=-1.0"),
         ({"prior_match": -0.5}, "model.prior_match=-0.5"),
-        ({"prior_match_targets": "verified"}, r"model.prior_match_targets='verified' needs model.halt_target='verifier'"),
         ({"kl_coef_start": 0.5}, r"model.kl_coef_start=0.5 needs .* model.kl_ramp_steps >= 1 \(got 0\)"),
         ({"kl_coef_start": -1.0, "kl_ramp_steps": 5}, "model.kl_coef_start=-1.0"),
         ({"kl_ramp_steps": 5}, r"model.kl_ramp_steps=5 needs model.kl_coef_start"),

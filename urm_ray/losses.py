@@ -177,8 +177,8 @@ def matched_answers(answers: Tensor, inputs: Tensor, labels: Tensor, ignore_inde
     together towards all the group's solutions: nearest-label targets alone let them all settle
     on one. A row alone with its input gets its own label, or its row of ``alone_targets`` [B, L]
     where given: on a task with one label per input but many valid answers (graph colouring) the
-    answer itself where a verifier accepts it, or the valid answer nearest to it, so that a valid
-    answer other than the one label is not pulled towards the label.
+    valid answer nearest to its answer, so that a valid answer other than the one label is not
+    pulled towards the label.
     Returns (targets [B, L], distance [B] of each answer to its target: 0 where they are equal).
     """
     group = torch.unique(inputs, dim=0, return_inverse=True)[1]  # [B]
@@ -198,13 +198,6 @@ def matched_answers(answers: Tensor, inputs: Tensor, labels: Tensor, ignore_inde
     alone = (torch.bincount(group)[group] == 1).unsqueeze(1)  # [B, 1]
     targets = torch.where(alone, alone_targets.to(labels.device, labels.dtype), targets)
     return targets, ((answers != targets) & (targets != ignore_index)).sum(-1)
-
-
-def verified_targets(answers: Tensor, accepted: Tensor, labels: Tensor, ignore_index: int = IGNORE_LABEL_ID,
-                     ) -> Tensor:
-    """[B, L]: each accepted answer [B] bool on its label's supervised tokens, else the label."""
-    keep = accepted.to(labels.device).unsqueeze(1) & (labels != ignore_index)
-    return torch.where(keep, answers.to(labels.dtype), labels)
 
 
 def matched_answer_loss(logits: Tensor, inputs: Tensor, labels: Tensor, loss_type: str,

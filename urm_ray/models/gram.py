@@ -120,11 +120,10 @@ class GuidanceConfig:
     # and the draws to cover the answers. Costs a second forward and backward. 0 = off (paper)
     prior_match: float = 0.0
     # the prior match's target for a row alone with its input (one label per input, many valid
-    # answers: graph colouring): "label"; "verified" = its own prior decode where the task
-    # verifier accepts it, else its label (needs halt_target: verifier); "nearest" = the valid
-    # answer nearest to its decode, from the task's exhaustive search (small graph colouring).
-    # Either way a valid answer other than the one label is not pulled towards the label.
-    prior_match_targets: Literal["label", "verified", "nearest"] = "label"
+    # answers: graph colouring): "label"; "nearest" = the valid answer nearest to its decode, from
+    # the task's exhaustive search (small graph colouring), so that a valid answer other than the
+    # one label is not pulled towards the label
+    prior_match_targets: Literal["label", "nearest"] = "label"
 
     def check_guidance(self) -> None:
         """Validates the guidance fields; each config's __post_init__ calls it."""
@@ -133,9 +132,6 @@ class GuidanceConfig:
         require(self.kl_coef >= 0, f"model.kl_coef={self.kl_coef} must be >= 0")
         require(self.kl_free_nats >= 0, f"model.kl_free_nats={self.kl_free_nats} must be >= 0")
         require(self.prior_match >= 0, f"model.prior_match={self.prior_match} must be >= 0")
-        require(self.prior_match_targets == "label" or self.halt_target == "verifier",
-                f"model.prior_match_targets={self.prior_match_targets!r} needs model.halt_target='verifier' "
-                f"(got {self.halt_target!r}): the task verifier judges the prior's decodes")
         require(self.kl_coef_start is None or (self.kl_coef_start >= 0 and self.kl_ramp_steps >= 1),
                 f"model.kl_coef_start={self.kl_coef_start} needs a value >= 0 and model.kl_ramp_steps >= 1 "
                 f"(got {self.kl_ramp_steps})")

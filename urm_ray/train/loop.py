@@ -28,7 +28,7 @@ from urm_ray.data.tasks import registry
 from urm_ray.data.tasks.arc.evaluate import PASS_KS, evaluate_arc
 from urm_ray.data.tasks.verify import Search, Verifier, nearest_for, optional_verifier, verifier_for
 from urm_ray.errors import TrainingDiverged
-from urm_ray.losses import act_loss, verified_targets
+from urm_ray.losses import act_loss
 from urm_ray.models.gram import Guided
 from urm_ray.models.registry import build_model
 from urm_ray.models.task import TaskSpec
@@ -75,7 +75,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     if getattr(cfg.model, "halt_target", "label") == "verifier":
         trainer.verifier = verifier_for(meta.task, meta.seq_len)
     trainer.eval_verifier = optional_verifier(meta.task, meta.seq_len)
-    trainer.prior_targets = _prior_targets(cfg, meta, trainer.verifier)
+    trainer.prior_targets = _prior_targets(cfg, meta)
     if registry.of(meta).versioned:
         trainer.arc_views = cfg.train.eval_arc_views
     trainer.progress = progress
@@ -83,14 +83,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     trainer.run(position, None if carry is None else carry.to(device))
 
 
-def _prior_targets(cfg: RunConfig, meta: DatasetMeta, verifier: Verifier | None) -> Search | None:
+def _prior_targets(cfg: RunConfig, meta: DatasetMeta) -> Search | None:
     """GRAM's ``model.prior_match_targets`` as a search on the prior's decodes (None: labels)."""
-    choice = getattr(cfg.model, "prior_match_targets", "label")
-    if choice == "nearest":
+    if getattr(cfg.model, "prior_match_targets", "label") == "nearest":
         return nearest_for(meta.task, meta.seq_len, meta.vocab_size)
-    if choice == "verified" and verifier is not None:  # the config requires halt_target: verifier
-        judge = verifier
-        return lambda answers, inputs, labels: verified_targets(answers, judge(answers, inputs, labels), labels)
     return None
 
 

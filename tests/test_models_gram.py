@@ -50,6 +50,8 @@ def test_an_unknown_latent_scope_names_the_key_and_the_choices():
 def test_options_without_effect_warn():
     with pytest.warns(UserWarning, match="model.noise_scale=0.*model.prior_match"):
         GRAMConfig(noise_scale=0.0)
+    with pytest.warns(UserWarning, match="model.prior_match_targets='nearest' has no effect with model.prior_match=0"):
+        GRAMConfig(prior_match_targets="nearest")
 
 
 def test_registered_and_paper_size():

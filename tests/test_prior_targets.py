@@ -32,7 +32,7 @@ def test_nearest_targets_are_valid_colourings_and_labels_where_the_answer_is_one
     answers[:8, 0] = coloring.COLOR0_TOKEN + (answers[:8, 0] - coloring.COLOR0_TOKEN + 1) % K  # node 0 recoloured
     assert not verify(answers, inputs, labels)[:8].all()
     choose = lambda choice: _prior_targets(  # noqa: E731
-        trainer("gram_urm", False, (f"model.prior_match_targets={choice}",)).cfg, META)
+        trainer("gram_urm", False, ("model.prior_match=1.0", f"model.prior_match_targets={choice}")).cfg, META)
     assert choose("label") is None
     nearest = choose("nearest")(answers, inputs, labels)
     assert verify(nearest, inputs, labels).all()

@@ -141,6 +141,9 @@ class GuidanceConfig:
             self.kl_balance is None or 0.0 <= self.kl_balance <= 1.0,
             f"model.kl_balance={self.kl_balance} must be in [0, 1] or null",
         )
+        if self.prior_match_targets != "label" and not self.prior_match:
+            warnings.warn(f"model.prior_match_targets={self.prior_match_targets!r} has no effect with model.prior_match=0 "
+                          "(the prior match is off)")
         if self.noise_scale == 0:
             warnings.warn("model.noise_scale=0: guidance is off (the model is its deterministic core); model.kl_coef, "
                           "model.kl_balance, model.latent_dim and model.prior_match have no effect")

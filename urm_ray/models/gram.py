@@ -292,11 +292,12 @@ class Guided(nn.Module):
         """The decode of a prior-guided training pass's last state z, with gradient, for
         ``losses.matched_answer_loss``; it is also the Q-halt decode with ``halt_decode: prior``."""
         logits = self.heads(z)["logits"]
-        # a copy: a compiled core that returns the buffer itself replays it as an aliased output,
-        # which failed once in CI with a garbage shape (torch 2.13, CPU inductor)
+        # copies, not aliases: a compiled core rebuilds an output that aliases another output or a
+        # buffer by replaying its views, which failed in CI with a garbage shape (torch 2.13, CPU
+        # inductor, the replay of `_unsafe_view, detach` for halt_logits)
         outputs = {"prior_logits": logits, "prior_weight": self.prior_weight.clone()}
         if self.config.halt_decode == "prior":
-            outputs["halt_logits"] = logits.detach()
+            outputs["halt_logits"] = logits.detach().clone()
         return outputs
 
     def guide(self, u: Tensor, target: Optional[Tensor], charge: bool) -> tuple[Tensor, Optional[Tensor]]:

@@ -2,6 +2,7 @@
 
     python bench/gram_sampling.py                           # sudoku4-gram, N = 1, 8, 20
     python bench/gram_sampling.py nqueens8-gram --num 1 20 64 --rounds 9 --json out.json
+    python bench/gram_sampling.py sudoku4-gram-urm --compile     # the core torch.compile'd
 
 One call is what ``urm-ray eval`` / ``sample`` do per puzzle: ``sample_answers`` on one row
 repeated N times (every ACT segment up to the limit, prior-guided, no gradient). The N values are
@@ -22,6 +23,7 @@ from urm_ray.config import load_config
 from urm_ray.data import builtin, stream
 from urm_ray.data.config import DataConfig
 from urm_ray.models.registry import TaskSpec, build_model
+from urm_ray.train.compiled import compile_model
 from urm_ray.train.evaluate import IGNORE, sample_answers
 
 
@@ -49,6 +51,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=5, help="timed calls per N per round")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the core first (as train.compile)")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -57,6 +60,8 @@ def main() -> None:
     task = TaskSpec(meta.vocab_size, meta.seq_len, meta.num_puzzle_identifiers)
     torch.manual_seed(0)
     model = build_model(cfg.model, task).eval()
+    if args.compile:
+        compile_model(model)  # one graph per N: compiled in the warm-up below
     batch = one_puzzle(meta.seq_len)
     for num in args.num:  # warm-up: allocator and thread pool
         latency(model, batch, num, 2)
@@ -65,7 +70,7 @@ def main() -> None:
         for num in args.num:
             rounds[num].append(latency(model, batch, num, args.calls))
     base = rounds[min(args.num)]
-    result = {"preset": args.preset, "threads": args.threads, "rounds": args.rounds,
+    result = {"preset": args.preset, "threads": args.threads, "rounds": args.rounds, "compiled": args.compile,
               "segments": cfg.model.max_segments, "results": [
                   {"num": num, "ms": round(1e3 * statistics.median(ts), 2),
                    "over_n1": round(statistics.median(t / b for t, b in zip(ts, base)), 2)}

@@ -2,6 +2,7 @@
 
     python bench/prior_match.py nqueens6 --steps 1000 --prior-match 0 1
     python bench/prior_match.py sudoku4-blank --steps 1500 --batch 64 --prior-match 1 --set model.hidden_size=64
+    python bench/prior_match.py nqueens8 --prior-match 1 --set model.prior_match_targets=nearest
 
 Every solution of the task (all 4 of 6x6 N-Queens, 92 of 8x8, 288 whole 4x4 Sudoku boards) is a
 label of the same blank input. Each arm trains the task's preset model (``--set`` overrides it)
@@ -9,7 +10,9 @@ from the same seed with the trainer's own pieces (``act_loss`` with the verifier
 the preset's optimizer, lr schedule, gradient clip, EMA and KL schedule) on one process without
 Ray, and at every ``--eval-every`` steps draws ``--samples`` boards from the blank input with the
 EMA and the raw weights (``generate_unconditional``), reporting the share the task's verifier
-accepts and how many valid ones are distinct. Arms run one after another; run two invocations
+accepts and how many valid ones are distinct. With ``--set model.prior_match_targets=nearest`` the
+prior match trains towards the task's search targets (the draws matched to all solutions), as
+the trainer does. Arms run one after another; run two invocations
 side by side to use both cores.
 """
 
@@ -26,7 +29,7 @@ import torch
 from urm_ray.config import load_config
 from urm_ray.data.tasks.nqueens import solutions
 from urm_ray.data.tasks.sudoku import all_grids
-from urm_ray.data.tasks.verify import verifier_for
+from urm_ray.data.tasks.verify import nearest_for, verifier_for
 from urm_ray.losses import act_loss
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
@@ -54,6 +57,7 @@ def train_arm(task: str, weight: float, args: argparse.Namespace) -> dict[str, A
     boards = torch.from_numpy(np.asarray(boards_fn())).long()
     cfg = load_config(preset, [*args.set, f"model.prior_match={weight}"])
     verify = verifier_for(verifier_task, boards.shape[1])
+    search = nearest_for(verifier_task, boards.shape[1], vocab) if cfg.model.prior_match_targets == "nearest" else None
     torch.manual_seed(args.seed)
     model = build_model(cfg.model, TaskSpec(vocab_size=vocab, seq_len=boards.shape[1], num_puzzle_identifiers=1))
     optimizers, ema = build_optimizers(model, cfg.optim), EMA(model, cfg.optim.ema_decay)
@@ -68,8 +72,12 @@ def train_arm(task: str, weight: float, args: argparse.Namespace) -> dict[str, A
         carry = model.initial_carry(batch) if carry is None else carry
         carry, outputs = model.train()(carry, batch)
         judged = outputs.get("halt_logits", outputs["logits"]).detach().argmax(-1)
+        targets = None
+        if search is not None and "prior_logits" in outputs:
+            targets = search(outputs["prior_logits"].detach().argmax(-1), batch["inputs"], labels)
         loss, metrics = act_loss(outputs, labels, carry.halted, carry.steps, cfg.train.loss,
-                                 halt_target=verify(judged, batch["inputs"], labels), inputs=batch["inputs"])
+                                 halt_target=verify(judged, batch["inputs"], labels), inputs=batch["inputs"],
+                                 prior_targets=targets)
         (loss / args.batch).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         for optimizer in optimizers:

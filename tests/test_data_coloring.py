@@ -165,8 +165,8 @@ def test_nearest_refuses_a_search_too_large_and_tasks_without_one():
 
     with pytest.raises(ConfigError, match=r"3\^12 colourings .* over 100,000"):
         coloring.nearest(12 * 13, coloring.COLOR0_TOKEN + 3)
-    with pytest.raises(ConfigError, match="task 'sudoku' has no search .* tasks with one: \\['coloring'\\]"):
-        nearest_for("sudoku", 16, 6)
+    with pytest.raises(ConfigError, match="task 'maze' has no search .* tasks with one: \\['coloring', 'nqueens', 'sudoku'\\]"):
+        nearest_for("maze", 900, 6)
     torch = pytest.importorskip("torch")
     inputs, labels = _generate(count=4, seed=2)
     search = nearest_for("coloring", N * (N + 1), coloring.COLOR0_TOKEN + K)

@@ -213,18 +213,21 @@ def test_matched_answers_ignore_unsupervised_tokens_and_prefer_the_own_label() -
     assert torch.equal(targets, labels)
 
 
-def test_matched_answers_give_a_row_alone_with_its_input_its_search_target() -> None:
-    from urm_ray.losses import matched_answers
+def test_matched_answer_loss_trains_towards_given_search_targets_for_every_row() -> None:
+    from urm_ray.losses import matched_answer_loss
 
-    inputs = torch.tensor([[0, 0, 0], [0, 0, 0], [1, 1, 1], [2, 2, 2]])
-    labels = torch.tensor([[1, 2, -100], [3, 3, -100], [1, 1, -100], [2, 2, -100]])
-    answers = torch.tensor([[5, 5, 8], [6, 6, 8], [4, 4, 8], [4, 2, 8]])
-    searched = torch.tensor([[9, 9, -100], [9, 9, -100], [4, 4, -100], [4, 4, -100]])
-    targets, distance = matched_answers(answers, inputs, labels, alone_targets=searched)
-    # rows 0 and 1 share an input: matched to the group's labels; rows 2 and 3 are alone: the
-    # searched targets (row 2's answer is one, row 3's differs from it in one token)
-    assert targets.tolist() == [[1, 2, -100], [3, 3, -100], [4, 4, -100], [4, 4, -100]]
-    assert distance.tolist() == [2, 2, 0, 1]
+    inputs = torch.tensor([[0, 0, 0], [0, 0, 0], [1, 1, 1]])
+    labels = torch.tensor([[1, 2, -100], [3, 3, -100], [1, 1, -100]])
+    searched = torch.tensor([[4, 4, -100], [2, 4, -100], [4, 4, -100]])
+    logits = 9.0 * F.one_hot(torch.tensor([[4, 4, 0], [4, 4, 0], [4, 2, 0]]), 5).float()
+    # the search's targets replace the matched labels for every row, shared input or not: row 0's
+    # decode equals its target, rows 1 and 2 differ from theirs in one supervised token
+    loss, exact = matched_answer_loss(logits, inputs, labels, "softmax", targets=searched)
+    assert exact == 1
+    expected = F.cross_entropy(logits.flatten(0, 1), searched.flatten(), ignore_index=-100, reduction="none")
+    assert torch.allclose(loss, (expected.view(3, 3).sum(-1) / 2).sum())
+    _, exact_labels = matched_answer_loss(logits, inputs, labels, "softmax")
+    assert exact_labels == 0
 
 
 def test_act_loss_adds_the_prior_match_towards_the_matched_answers() -> None:

@@ -9,7 +9,7 @@ import torch
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import coloring
 from urm_ray.data.tasks.verify import verifier_for
-from urm_ray.train.loop import _prior_targets
+from urm_ray.train.loop import task_hooks
 
 from tiny import batch, trainer
 
@@ -31,8 +31,8 @@ def test_nearest_targets_are_valid_colourings_and_labels_where_the_answer_is_one
     answers = torch.where(labels < 0, coloring.NO_EDGE_TOKEN, labels)
     answers[:8, 0] = coloring.COLOR0_TOKEN + (answers[:8, 0] - coloring.COLOR0_TOKEN + 1) % K  # node 0 recoloured
     assert not verify(answers, inputs, labels)[:8].all()
-    choose = lambda choice: _prior_targets(  # noqa: E731
-        trainer("gram_urm", False, ("model.prior_match=1.0", f"model.prior_match_targets={choice}")).cfg, META)
+    choose = lambda choice: task_hooks(  # noqa: E731
+        trainer("gram_urm", False, ("model.prior_match=1.0", f"model.prior_match_targets={choice}")).cfg, META)[1]
     assert choose("label") is None
     nearest = choose("nearest")(answers, inputs, labels)
     assert verify(nearest, inputs, labels).all()

@@ -123,8 +123,8 @@ def act_loss(
         optional `halt_logits` output [B, L, V] (GRAM's prior-guided decode) is the answer judged.
     inputs: the batch's inputs [B, L], needed with a `prior_logits` output (GRAM's prior match):
         ``prior_weight * matched_answer_loss`` is added, with metrics `prior_match_loss` and
-        `prior_exact`. prior_targets: optional [B, L], the prior match's targets of rows alone
-        with their input in place of their labels (see ``matched_answers``).
+        `prior_exact`. prior_targets: optional [B, L], the prior match's targets (a task's
+        search) in place of the matched labels (see ``matched_answer_loss``).
 
     Returns (total loss scalar, metrics). Metrics are detached float32 sums over rows:
     `count`, `accuracy` (sum of per-row token accuracy), `exact_accuracy`, `q_halt_accuracy`,
@@ -166,8 +166,8 @@ def act_loss(
     return total, metrics
 
 
-def matched_answers(answers: Tensor, inputs: Tensor, labels: Tensor, ignore_index: int = IGNORE_LABEL_ID,
-                    alone_targets: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+def matched_answers(answers: Tensor, inputs: Tensor, labels: Tensor,
+                    ignore_index: int = IGNORE_LABEL_ID) -> tuple[Tensor, Tensor]:
     """Each row's target: a label of the batch rows with the same input, matched one to one.
 
     answers, inputs, labels: [B, L]. Within each group of rows with the same input, answers and
@@ -175,10 +175,7 @@ def matched_answers(answers: Tensor, inputs: Tensor, labels: Tensor, ignore_inde
     a row's own label is preferred among equals). On a multi-solution task (the blank board with
     many labels) every sampled answer moves towards a solution it is close to, and the samples
     together towards all the group's solutions: nearest-label targets alone let them all settle
-    on one. A row alone with its input gets its own label, or its row of ``alone_targets`` [B, L]
-    where given: on a task with one label per input but many valid answers (graph colouring) the
-    valid answer nearest to its answer, so that a valid answer other than the one label is not
-    pulled towards the label.
+    on one. A row alone with its input gets its own label.
     Returns (targets [B, L], distance [B] of each answer to its target: 0 where they are equal).
     """
     group = torch.unique(inputs, dim=0, return_inverse=True)[1]  # [B]
@@ -192,21 +189,23 @@ def matched_answers(answers: Tensor, inputs: Tensor, labels: Tensor, ignore_inde
             rows, cols = linear_sum_assignment(cost[np.ix_(members, members)])
             match[members[rows]] = members[cols]
     matched = torch.as_tensor(match, device=labels.device)
-    targets, target_distance = labels[matched], distance.gather(1, matched.unsqueeze(1)).squeeze(1)
-    if alone_targets is None:
-        return targets, target_distance
-    alone = (torch.bincount(group)[group] == 1).unsqueeze(1)  # [B, 1]
-    targets = torch.where(alone, alone_targets.to(labels.device, labels.dtype), targets)
-    return targets, ((answers != targets) & (targets != ignore_index)).sum(-1)
+    return labels[matched], distance.gather(1, matched.unsqueeze(1)).squeeze(1)
 
 
 def matched_answer_loss(logits: Tensor, inputs: Tensor, labels: Tensor, loss_type: str,
-                        ignore_index: int = IGNORE_LABEL_ID, alone_targets: Optional[Tensor] = None,
+                        ignore_index: int = IGNORE_LABEL_ID, targets: Optional[Tensor] = None,
                         ) -> tuple[Tensor, Tensor]:
-    """Per-token-mean loss of ``logits`` [B, L, V] towards each row's matched target (see
-    ``matched_answers``), summed over rows, and the count of rows whose argmax equals it."""
+    """Per-token-mean loss of ``logits`` [B, L, V] towards each row's target, summed over rows, and
+    the count of rows whose argmax equals it. The targets are ``targets`` [B, L] where given (a
+    task's search, ``model.prior_match_targets: nearest``), else the matched labels
+    (``matched_answers``)."""
     with torch.no_grad():
-        targets, distance = matched_answers(logits.argmax(-1), inputs, labels, ignore_index, alone_targets)
+        answers = logits.argmax(-1)
+        if targets is None:
+            targets, distance = matched_answers(answers, inputs, labels, ignore_index)
+        else:
+            targets = targets.to(labels.device, labels.dtype)
+            distance = ((answers != targets) & (targets != ignore_index)).sum(-1)
     divisor = (targets != ignore_index).sum(-1).clamp_min(1)
     loss = (token_loss_fn(loss_type)(logits, targets, ignore_index=ignore_index).sum(-1) / divisor).sum()
     return loss, (distance == 0).sum()

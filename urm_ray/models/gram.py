@@ -119,10 +119,12 @@ class GuidanceConfig:
     # the decoder learns to turn the prior's draws, not only the posterior's, into valid answers,
     # and the draws to cover the answers. Costs a second forward and backward. 0 = off (paper)
     prior_match: float = 0.0
-    # the prior match's target for a row alone with its input (one label per input, many valid
-    # answers: graph colouring): "label"; "nearest" = the valid answer nearest to its decode, from
-    # the task's exhaustive search (small graph colouring), so that a valid answer other than the
-    # one label is not pulled towards the label
+    # the prior match's targets: "label" = the batch's labels, matched within each input;
+    # "nearest" = valid answers from the task's exhaustive search (small graph colouring, N-Queens
+    # up to 10x10, 4x4 Sudoku): a row alone with its input gets the valid answer nearest to its
+    # decode, so a valid answer other than the one label is not pulled towards the label; the rows
+    # of one input (a blank board) are matched one to one to all of its valid answers, not only to
+    # the few the batch holds
     prior_match_targets: Literal["label", "nearest"] = "label"
 
     def check_guidance(self) -> None:

@@ -43,7 +43,7 @@ from urm_ray.progress import Progress
 from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, REASON_TAG
 from urm_ray.train.checkpoint import latest_local
 from urm_ray.train.live import Direct, watching
-from urm_ray.train.loop import train_loop_per_worker
+from urm_ray.train.loop import task_hooks, train_loop_per_worker
 from urm_ray.typed import to_dict
 
 logger = logging.getLogger(__name__)
@@ -226,6 +226,7 @@ def fit(
                       "data: pass@k by voting over augmented views is for ARC", stacklevel=2)
     logger.info("data: %s", ", ".join(f"{name} {split.num_rows} rows"
                                       for name, split in meta.splits.items()))
+    task_hooks(cfg, meta)  # a verifier or search the task lacks fails here, before Ray starts
     check_storage(cfg.train.storage_path)
     with tracking.store_opening(cfg.tracking.tracking_uri) if cfg.tracking.enabled else nullcontext():
         if not ray.is_initialized():  # a run that will train in this process needs no dashboard

@@ -72,10 +72,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         progress.phase(f"restored step {position.step} from the latest checkpoint")
     tracker = make_tracker(loop_config["tracking_uri"], loop_config["run_id"], rank == 0)
     trainer = Trainer(cfg, model, wrapped, ema, optimizers, tracker, device, rank, world, meta.seq_len)
-    if getattr(cfg.model, "halt_target", "label") == "verifier":
-        trainer.verifier = verifier_for(meta.task, meta.seq_len)
+    trainer.verifier, trainer.prior_targets = task_hooks(cfg, meta)
     trainer.eval_verifier = optional_verifier(meta.task, meta.seq_len)
-    trainer.prior_targets = _prior_targets(cfg, meta)
     if registry.of(meta).versioned:
         trainer.arc_views = cfg.train.eval_arc_views
     trainer.progress = progress
@@ -83,11 +81,16 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     trainer.run(position, None if carry is None else carry.to(device))
 
 
-def _prior_targets(cfg: RunConfig, meta: DatasetMeta) -> Search | None:
-    """GRAM's ``model.prior_match_targets`` as a search on the prior's decodes (None: labels)."""
+def task_hooks(cfg: RunConfig, meta: DatasetMeta) -> tuple[Verifier | None, Search | None]:
+    """The task's pieces GRAM's config asks for: the verifier of ``model.halt_target: verifier``
+    and the search of ``model.prior_match_targets: nearest`` (None where not asked for).
+    ConfigError where the task has none; the driver calls it before Ray starts."""
+    verifier = search = None
+    if getattr(cfg.model, "halt_target", "label") == "verifier":
+        verifier = verifier_for(meta.task, meta.seq_len)
     if getattr(cfg.model, "prior_match_targets", "label") == "nearest":
-        return nearest_for(meta.task, meta.seq_len, meta.vocab_size)
-    return None
+        search = nearest_for(meta.task, meta.seq_len, meta.vocab_size)
+    return verifier, search
 
 
 def _device(loop_config: dict[str, Any]) -> torch.device:

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from urm_ray.data.store import DatasetMeta, check_output_folder, write_dataset
-from urm_ray.data.tasks.task import NumpyCheck, PuzzleTask, board_side
+from urm_ray.data.tasks.matching import keeping_givens, matched_search
+from urm_ray.data.tasks.task import NumpyCheck, NumpySearch, PuzzleTask, board_side
 from urm_ray.errors import ConfigError
 
 PAD_TOKEN, EMPTY_TOKEN, QUEEN_TOKEN = 0, 1, 2
@@ -131,6 +132,20 @@ def verifier(seq_len: int) -> NumpyCheck:
     return check
 
 
+MAX_NEAREST_N = 10  # 724 solutions: the largest board whose solutions `nearest` lists
+
+
+def nearest(seq_len: int, vocab_size: int) -> NumpySearch:
+    """Each input's draws matched one to one to its solutions (those keeping its queens) at the
+    least total number of differing cells (``matching.matched_search``); boards up to 10 x 10."""
+    n = board_side("nqueens", seq_len)
+    if n > MAX_NEAREST_N:
+        raise ConfigError(f"nqueens: listing every solution of the {n}x{n} board for a nearest-solution search is"
+                          f" only done up to {MAX_NEAREST_N}x{MAX_NEAREST_N}")
+    boards = solutions(n).astype(np.int64)
+    return matched_search(lambda input_row: keeping_givens(boards, input_row, input_row == QUEEN_TOKEN))
+
+
 def _build_command(args: argparse.Namespace) -> None:
     check_output_folder(args.out, args.overwrite)  # before any work
     build_unconditional(args.out, n=args.size, repeats=args.repeats, overwrite=args.overwrite)
@@ -148,4 +163,4 @@ def add_builder(data: argparse._SubParsersAction) -> None:
 
 
 # every solution of the empty board is already a label: no augmentation
-TASK = PuzzleTask("nqueens", add_builder=add_builder, verifier=verifier)
+TASK = PuzzleTask("nqueens", add_builder=add_builder, verifier=verifier, nearest=nearest)

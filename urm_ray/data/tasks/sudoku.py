@@ -33,7 +33,8 @@ from urm_ray.data.augment import Transform, random_bits, random_permutations
 from urm_ray.data.store import DatasetMeta, check_output_folder, write_dataset, write_dataset_chunks
 from urm_ray.data.tasks.puzzle_csv import char_matrix, iter_csv_tables, where
 from urm_ray.data.tasks.sudoku_solver import BOX_SHAPES, geometry, make_puzzle, random_solution
-from urm_ray.data.tasks.task import NumpyCheck, PuzzleTask, board_side
+from urm_ray.data.tasks.matching import keeping_givens, matched_search
+from urm_ray.data.tasks.task import NumpyCheck, NumpySearch, PuzzleTask, board_side
 from urm_ray.errors import ConfigError, DataError
 from urm_ray.progress import Progress
 
@@ -428,6 +429,16 @@ def verifier(seq_len: int) -> NumpyCheck:
     return check
 
 
+def nearest(seq_len: int, vocab_size: int) -> NumpySearch:
+    """Each input's draws matched one to one to the boards that keep its givens, at the least total
+    number of differing cells (``matching.matched_search``): 4x4 boards only (288 in all)."""
+    n = board_side("sudoku", seq_len)
+    if n > 4:
+        raise ConfigError(f"sudoku: a nearest-board search lists every valid board, done for 4x4 only (got {n}x{n})")
+    boards = all_grids(n).astype(np.int64) + 1  # digit d -> token d + 1
+    return matched_search(lambda input_row: keeping_givens(boards, input_row, input_row > BLANK_TOKEN))
+
+
 def _build_command(args: argparse.Namespace) -> None:
     check_output_folder(args.out, args.overwrite)  # before reading any input
     if bool(args.train_csv) != bool(args.test_csv):
@@ -466,4 +477,4 @@ def add_builder(data: argparse._SubParsersAction) -> None:
 
 
 TASK = PuzzleTask("sudoku", add_builder=add_builder, augmentation="sudoku", augment=augment,
-                  verifier=verifier)
+                  verifier=verifier, nearest=nearest)

@@ -9,7 +9,8 @@ label of the same blank input. Each arm trains the task's preset model (``--set`
 from the same seed with the trainer's own pieces (``act_loss`` with the verifier's Q-halt label,
 the preset's optimizer, lr schedule, gradient clip, EMA and KL schedule) on one process without
 Ray, and at every ``--eval-every`` steps draws ``--samples`` boards from the blank input with the
-EMA and the raw weights (``generate_unconditional``), reporting the share the task's verifier
+EMA and the raw weights (``generate_unconditional``; with ``model.max_segments`` > 1 also each
+draw stopped by its halt head, ``ema_q`` / ``raw_q``), reporting the share the task's verifier
 accepts and how many valid ones are distinct. With ``--set model.prior_match_targets=nearest`` the
 prior match trains towards the task's search targets (the draws matched to all solutions), as
 the trainer does. Arms run one after another; run two invocations
@@ -43,9 +44,11 @@ TASKS: dict[str, tuple[str, str, Any, int]] = {
 }
 
 
-def score(model: torch.nn.Module, verify: Any, samples: int) -> dict[str, float]:
-    """Share of ``samples`` blank-input draws the verifier accepts, and the distinct valid ones."""
+def score(model: torch.nn.Module, verify: Any, samples: int, sample_halt: str = "limit") -> dict[str, float]:
+    """Share of ``samples`` blank-input draws the verifier accepts, and the distinct valid ones;
+    each draw stops where ``sample_halt`` says (``model.sample_halt``)."""
     torch.manual_seed(1234)
+    model.sample_halt = sample_halt
     with torch.no_grad():
         boards = generate_unconditional(model.eval(), num_samples=samples)
     valid = verify(boards, torch.ones_like(boards), boards).numpy()
@@ -66,18 +69,18 @@ def train_arm(task: str, weight: float, args: argparse.Namespace) -> dict[str, A
     for step in range(1, args.steps + 1):
         apply_scheduled_lr(optimizers, cfg.optim, step - 1, args.steps)
         model.schedule(step - 1)
-        labels = boards[torch.randint(0, len(boards), (args.batch,))]
-        batch = {"inputs": torch.ones_like(labels), "labels": labels,
+        drawn = boards[torch.randint(0, len(boards), (args.batch,))]
+        batch = {"inputs": torch.ones_like(drawn), "labels": drawn,
                  "puzzle_identifiers": torch.zeros(args.batch, dtype=torch.long)}
         carry = model.initial_carry(batch) if carry is None else carry
         carry, outputs = model.train()(carry, batch)
+        inputs, labels = carry.current_data["inputs"], carry.current_data["labels"]  # rows not halted keep theirs
         judged = outputs.get("halt_logits", outputs["logits"]).detach().argmax(-1)
         targets = None
         if search is not None and "prior_logits" in outputs:
-            targets = search(outputs["prior_logits"].detach().argmax(-1), batch["inputs"], labels)
+            targets = search(outputs["prior_logits"].detach().argmax(-1), inputs, labels)
         loss, metrics = act_loss(outputs, labels, carry.halted, carry.steps, cfg.train.loss,
-                                 halt_target=verify(judged, batch["inputs"], labels), inputs=batch["inputs"],
-                                 prior_targets=targets)
+                                 halt_target=verify(judged, inputs, labels), inputs=inputs, prior_targets=targets)
         (loss / args.batch).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         for optimizer in optimizers:
@@ -88,6 +91,8 @@ def train_arm(task: str, weight: float, args: argparse.Namespace) -> dict[str, A
             ema.copy_to(shadow)
             point = {"step": step, "seconds": round(time.perf_counter() - start), "ema": score(shadow, verify, args.samples),
                      "raw": score(model, verify, args.samples), "kl": round(float(metrics["kl"]) / args.batch, 2)}
+            if cfg.model.max_segments > 1:  # the same weights, each draw stopped by its halt head
+                point.update(ema_q=score(shadow, verify, args.samples, "q"), raw_q=score(model, verify, args.samples, "q"))
             curve.append(point)
             print(json.dumps({"prior_match": weight, **point}), flush=True)
     return {"prior_match": weight, "curve": curve}

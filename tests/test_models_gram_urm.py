@@ -203,3 +203,29 @@ def test_row_latent_gram_draws_several_valid_queens_boards_from_the_blank_board(
 def test_prior_match_adds_a_prior_guided_pass_that_trains_the_core_and_the_prior(model_batch):
     check_prior_match_pass(lambda match: build_model(GRAMURMConfig(**{**TINY, "prior_match": match}), TASK),
                            model_batch(TASK), transitions=4, core="blocks.")
+
+
+def test_sample_halt_q_stops_each_draw_where_its_halt_head_says(model_batch):
+    from urm_ray.train.evaluate import sample_answers
+
+    torch.manual_seed(0)
+    model = build_model(GRAMURMConfig(**TINY, sample_halt="q"), TASK).eval()
+    batch = model_batch(TASK)
+
+    def draw(mode: str) -> tuple[torch.Tensor, int]:
+        model.sample_halt = mode
+        torch.manual_seed(2)  # the same noise draws
+        return sample_answers(model, batch, 4)
+
+    # fresh, the halt head says continue (Q-halt logit -5): every draw runs to the limit
+    (q_answers, q_segments), (limit_answers, limit_segments) = draw("q"), draw("limit")
+    assert q_segments == limit_segments == TINY["max_segments"] and torch.equal(q_answers, limit_answers)
+    with torch.no_grad():
+        model.q_head.bias[0] = 5.0  # now it says halt at once
+    answers, segments = draw("q")
+    repeated = {k: v.repeat(4, *([1] * (v.ndim - 1))) for k, v in batch.items()}
+    torch.manual_seed(2)
+    with torch.no_grad():
+        _, first = model(model.initial_carry(repeated), repeated)
+    assert segments == 1 and torch.equal(answers.flatten(0, 1), first["logits"].argmax(-1))
+    assert draw("limit")[1] == TINY["max_segments"]  # "limit" ignores the head

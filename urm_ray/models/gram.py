@@ -126,6 +126,11 @@ class GuidanceConfig:
     # of one input (a blank board) are matched one to one to all of its valid answers, not only to
     # the few the batch holds
     prior_match_targets: Literal["label", "nearest"] = "label"
+    # where a prior sample (evaluation's eval_samples, `urm-ray sample`) stops: "limit" = every
+    # trajectory runs to the ACT limit (max_segments) and answers there; "q" = at the first
+    # segment whose halt head says halt, or at the limit (the paper's inference, app. A.3; with
+    # halt_target: verifier the head has learnt whether the prior's answer is valid)
+    sample_halt: Literal["limit", "q"] = "limit"
 
     def check_guidance(self) -> None:
         """Validates the guidance fields; each config's __post_init__ calls it."""
@@ -217,6 +222,7 @@ class Guided(nn.Module):
         super().__init__(config, task)  # the core's (TRM, URM): Guided comes first in the bases
         # read at every call, so a built model can be switched to its deterministic core (0)
         self.noise_scale = config.noise_scale
+        self.sample_halt = config.sample_halt  # read by evaluate.sample_answers
         # the KL's weight now (a tensor, so a compiled graph reads it rather than baking it in)
         self.register_buffer("kl_weight", torch.tensor(kl_coef_at(config, 0)), persistent=False)
         self.register_buffer("prior_weight", torch.tensor(config.prior_match), persistent=False)

@@ -141,8 +141,11 @@ SAMPLED_SUM_KEYS = ("rows", "exact", "tokens_correct", "tokens", "segments", "va
 def sample_answers(model: nn.Module, batch: dict[str, torch.Tensor], num_samples: int) -> tuple[torch.Tensor, int]:
     """K = ``num_samples`` trajectories per row, run as ONE batch of K * B rows (sample-major).
 
-    Returns (answers [K, B, L], ACT segments run). The model must be in eval mode: in training
-    GRAM guides with its posterior, which sees the labels.
+    Returns (answers [K, B, L], ACT segments run). Every trajectory runs to the ACT limit and
+    answers there, unless the model's ``sample_halt`` is "q" (GRAM's ``model.sample_halt``, the
+    paper's inference): then a trajectory answers at the first segment whose halt head says halt
+    (q_halt_logits > 0), or at the limit. The model must be in eval mode: in training GRAM guides
+    with its posterior, which sees the labels.
     """
     if num_samples < 1:
         raise ValueError(f"num_samples={num_samples} must be >= 1")
@@ -151,13 +154,19 @@ def sample_answers(model: nn.Module, batch: dict[str, torch.Tensor], num_samples
                          "posterior, which reads the labels")
     repeated = {k: v.repeat(num_samples, *([1] * (v.ndim - 1))) for k, v in batch.items()}
     carry = model.initial_carry(repeated)
-    segments = 0
+    on_q = getattr(model, "sample_halt", "limit") == "q"
+    answers, done, segments = None, torch.zeros_like(carry.halted), 0
     while True:
         carry, outputs = model(carry, repeated)
         segments += 1
-        if bool(carry.halted.all()):
+        decoded = outputs["logits"].argmax(-1)
+        answers = decoded if answers is None else torch.where(done.unsqueeze(-1), answers, decoded)
+        done = done | carry.halted
+        if on_q:
+            done = done | (outputs["q_halt_logits"] > 0)
+        if bool(carry.halted.all()) or bool(done.all()):
             break
-    return outputs["logits"].argmax(-1).view(num_samples, *batch["labels"].shape), segments
+    return answers.view(num_samples, *batch["labels"].shape), segments
 
 
 @torch.no_grad()

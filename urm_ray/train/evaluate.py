@@ -164,7 +164,7 @@ def sample_answers(model: nn.Module, batch: dict[str, torch.Tensor], num_samples
         done = done | carry.halted
         if on_q:
             done = done | (outputs["q_halt_logits"] > 0)
-        if bool(carry.halted.all()) or bool(done.all()):
+        if bool(done.all()):  # done includes every halted row
             break
     return answers.view(num_samples, *batch["labels"].shape), segments
 

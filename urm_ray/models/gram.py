@@ -156,7 +156,6 @@ class GuidanceConfig:
                           "model.kl_balance, model.latent_dim and model.prior_match have no effect")
 
 
-
 @dataclass
 class GRAMConfig(TRMConfig, GuidanceConfig):
     """GRAM hyperparameters: TRM's core (num_layers, h_cycles = T, l_cycles = K) plus guidance."""

@@ -3,6 +3,7 @@
     python bench/prior_match.py nqueens6 --steps 1000 --prior-match 0 1
     python bench/prior_match.py sudoku4-blank --steps 1500 --batch 64 --prior-match 1 --set model.hidden_size=64
     python bench/prior_match.py nqueens8 --prior-match 1 --set model.prior_match_targets=nearest
+    python bench/prior_match.py nqueens8 --prior-match 0 --ema-decays 0.99 0.998 --temperatures 1 0.5
 
 Every solution of the task (all 4 of 6x6 N-Queens, 92 of 8x8, 288 whole 4x4 Sudoku boards) is a
 label of the same blank input. Each arm trains the task's preset model (``--set`` overrides it)
@@ -11,7 +12,10 @@ the preset's optimizer, lr schedule, gradient clip, EMA and KL schedule) on one 
 Ray, and at every ``--eval-every`` steps draws ``--samples`` boards from the blank input with the
 EMA and the raw weights (``generate_unconditional``; with ``model.max_segments`` > 1 also each
 draw stopped by its halt head, ``ema_q`` / ``raw_q``), reporting the share the task's verifier
-accepts and how many valid ones are distinct. With ``--set model.prior_match_targets=nearest`` the
+accepts and how many valid ones are distinct. ``--ema-decays`` keeps one average per decay
+(training is the same: the average does not feed back), reported as ``ema`` (the preset's) or
+``ema<decay>``; ``--temperatures`` scores each draw set at each sampling temperature
+(``model.sample_temperature``), keys suffixed ``@t`` below 1 or above it. With ``--set model.prior_match_targets=nearest`` the
 prior match trains towards the task's search targets (the draws matched to all solutions), as
 the trainer does. Arms run one after another; run two invocations
 side by side to use both cores.
@@ -44,11 +48,12 @@ TASKS: dict[str, tuple[str, str, Any, int]] = {
 }
 
 
-def score(model: torch.nn.Module, verify: Any, samples: int, sample_halt: str = "limit") -> dict[str, float]:
+def score(model: torch.nn.Module, verify: Any, samples: int, sample_halt: str = "limit",
+          temperature: float = 1.0) -> dict[str, float]:
     """Share of ``samples`` blank-input draws the verifier accepts, and the distinct valid ones;
-    each draw stops where ``sample_halt`` says (``model.sample_halt``)."""
+    each draw stops where ``sample_halt`` says (``model.sample_halt``), drawn at ``temperature``."""
     torch.manual_seed(1234)
-    model.sample_halt = sample_halt
+    model.sample_halt, model.sample_temperature = sample_halt, temperature
     with torch.no_grad():
         boards = generate_unconditional(model.eval(), num_samples=samples)
     valid = verify(boards, torch.ones_like(boards), boards).numpy()
@@ -63,7 +68,9 @@ def train_arm(task: str, weight: float, args: argparse.Namespace) -> dict[str, A
     search = nearest_for(verifier_task, boards.shape[1], vocab) if cfg.model.prior_match_targets == "nearest" else None
     torch.manual_seed(args.seed)
     model = build_model(cfg.model, TaskSpec(vocab_size=vocab, seq_len=boards.shape[1], num_puzzle_identifiers=1))
-    optimizers, ema = build_optimizers(model, cfg.optim), EMA(model, cfg.optim.ema_decay)
+    optimizers = build_optimizers(model, cfg.optim)
+    decays = args.ema_decays or [cfg.optim.ema_decay]
+    emas = {("ema" if d == cfg.optim.ema_decay else f"ema{d}"): EMA(model, d) for d in decays}
     shadow = copy.deepcopy(model)
     carry, curve, start = None, [], time.perf_counter()
     for step in range(1, args.steps + 1):
@@ -86,16 +93,35 @@ def train_arm(task: str, weight: float, args: argparse.Namespace) -> dict[str, A
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        ema.update(model)
+        for ema in emas.values():
+            ema.update(model)
         if step % args.eval_every == 0 or step == args.steps:
-            ema.copy_to(shadow)
-            point = {"step": step, "seconds": round(time.perf_counter() - start), "ema": score(shadow, verify, args.samples),
-                     "raw": score(model, verify, args.samples), "kl": round(float(metrics["kl"]) / args.batch, 2)}
-            if cfg.model.max_segments > 1:  # the same weights, each draw stopped by its halt head
-                point.update(ema_q=score(shadow, verify, args.samples, "q"), raw_q=score(model, verify, args.samples, "q"))
+            point = {"step": step, "seconds": round(time.perf_counter() - start),
+                     "kl": round(float(metrics["kl"]) / args.batch, 2)}
+            for name, ema in emas.items():
+                ema.copy_to(shadow)
+                point.update(scores(name, shadow, verify, cfg.model.max_segments, args))
+            point.update(scores("raw", model, verify, cfg.model.max_segments, args))
             curve.append(point)
             print(json.dumps({"prior_match": weight, **point}), flush=True)
+    if args.save:
+        Path(args.save).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({name: ema.shadow for name, ema in emas.items()} | {"raw": model.state_dict()},
+                   f"{args.save}.pm{weight:g}.pt")
     return {"prior_match": weight, "curve": curve}
+
+
+def scores(name: str, model: torch.nn.Module, verify: Any, max_segments: int,
+           args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """``model``'s scores at each temperature; with several segments also each draw stopped by its
+    halt head (``<name>_q``)."""
+    out = {}
+    for t in args.temperatures:
+        suffix = "" if t == 1 else f"@{t:g}"
+        out[name + suffix] = score(model, verify, args.samples, "limit", t)
+        if max_segments > 1:
+            out[f"{name}_q{suffix}"] = score(model, verify, args.samples, "q", t)
+    return out
 
 
 def main() -> None:
@@ -108,6 +134,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--ema-decays", type=float, nargs="+", default=[], help="default: the preset's")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[1.0], help="sampling temperatures scored")
+    parser.add_argument("--save", default="", help="path prefix: save each arm's averages and raw weights there")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides, e.g. model.hidden_size=32")
     parser.add_argument("--json", default="")
     args = parser.parse_args()

@@ -229,3 +229,22 @@ def test_sample_halt_q_stops_each_draw_where_its_halt_head_says(model_batch):
         _, first = model(model.initial_carry(repeated), repeated)
     assert segments == 1 and torch.equal(answers.flatten(0, 1), first["logits"].argmax(-1))
     assert draw("limit")[1] == TINY["max_segments"]  # "limit" ignores the head
+
+
+def test_sample_temperature_scales_only_the_prior_draws_of_eval_mode(model_batch):
+    torch.manual_seed(0)
+    model = build_model(GRAMURMConfig(**TINY), TASK)
+    batch = model_batch(TASK)
+
+    def logits(temperature: float, seed: int) -> torch.Tensor:
+        model.sample_temperature = temperature
+        torch.manual_seed(seed)
+        return roll(model, batch, 1)[0]["logits"]
+
+    model.eval()
+    assert torch.equal(logits(0.0, 1), logits(0.0, 2))  # the prior's mean: no noise left
+    assert not torch.equal(logits(1.0, 1), logits(1.0, 2))
+    cold, warm = logits(0.5, 1), logits(1.0, 1)  # the same normal draws, half the spread
+    assert not torch.equal(cold, warm)
+    model.train()  # training draws (posterior, the Q-halt decode's prior) keep temperature 1
+    assert torch.equal(logits(0.0, 3), logits(1.0, 3))

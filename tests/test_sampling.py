@@ -55,3 +55,14 @@ def test_sample_is_seeded(gram_checkpoint, capsys):
 def test_sample_needs_a_positive_count(gram_checkpoint, capsys):
     assert main(["sample", str(gram_checkpoint), "--num", "0"]) == 2
     assert "--num 0" in capsys.readouterr().err
+
+
+def test_sample_at_temperature_zero_draws_the_prior_mean(gram_checkpoint, capsys):
+    assert main(["sample", str(gram_checkpoint), "--num", "8", "--temperature", "0"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["temperature"] == 0 and report["distinct"] == 1  # one blank input, no noise
+
+
+def test_sample_rejects_a_negative_temperature(gram_checkpoint, capsys):
+    assert main(["sample", str(gram_checkpoint), "--temperature", "-1"]) == 2
+    assert "--temperature -1.0" in capsys.readouterr().err

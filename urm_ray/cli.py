@@ -78,7 +78,7 @@ def _eval(args: argparse.Namespace) -> None:
 def _sample(args: argparse.Namespace) -> None:
     from urm_ray.train.sampling import sample_checkpoint
 
-    report = sample_checkpoint(args.checkpoint, args.num, args.seed)
+    report = sample_checkpoint(args.checkpoint, args.num, args.seed, args.temperature)
     if not args.boards:
         report.pop("boards")
     print(json.dumps(report, indent=None if args.boards else 2))
@@ -165,6 +165,8 @@ def _parser() -> argparse.ArgumentParser:
     sa.add_argument("checkpoint")
     sa.add_argument("--num", type=int, default=32, help="samples, drawn as one batch")
     sa.add_argument("--seed", type=int, default=0)
+    sa.add_argument("--temperature", type=float, default=None,
+                    help="GRAM: the prior's standard deviation times this (default: model.sample_temperature)")
     sa.add_argument("--boards", action="store_true", help="also print every sampled board")
     sa.set_defaults(func=_sample)
 

@@ -131,11 +131,15 @@ class GuidanceConfig:
     # segment whose halt head says halt, or at the limit (the paper's inference, app. A.3; with
     # halt_target: verifier the head has learnt whether the prior's answer is valid)
     sample_halt: Literal["limit", "q"] = "limit"
+    # multiplies the prior's standard deviation when sampling (eval mode; training draws keep 1):
+    # the reduced temperature of Glow and NVAE, below 1 trading coverage for valid samples; 1 = paper
+    sample_temperature: float = 1.0
 
     def check_guidance(self) -> None:
         """Validates the guidance fields; each config's __post_init__ calls it."""
         require(self.latent_dim >= 0, f"model.latent_dim={self.latent_dim} must be >= 0")
         require(self.noise_scale >= 0, f"model.noise_scale={self.noise_scale} must be >= 0")
+        require(self.sample_temperature >= 0, f"model.sample_temperature={self.sample_temperature} must be >= 0")
         require(self.kl_coef >= 0, f"model.kl_coef={self.kl_coef} must be >= 0")
         require(self.kl_free_nats >= 0, f"model.kl_free_nats={self.kl_free_nats} must be >= 0")
         require(self.prior_match >= 0, f"model.prior_match={self.prior_match} must be >= 0")
@@ -222,6 +226,7 @@ class Guided(nn.Module):
         # read at every call, so a built model can be switched to its deterministic core (0)
         self.noise_scale = config.noise_scale
         self.sample_halt = config.sample_halt  # read by evaluate.sample_answers
+        self.sample_temperature = config.sample_temperature  # read at every prior draw in eval mode
         # the KL's weight now (a tensor, so a compiled graph reads it rather than baking it in)
         self.register_buffer("kl_weight", torch.tensor(kl_coef_at(config, 0)), persistent=False)
         self.register_buffer("prior_weight", torch.tensor(config.prior_match), persistent=False)
@@ -312,16 +317,19 @@ class Guided(nn.Module):
         the prior; with ``charge``, also the per-row balanced KL(q || p) [B]."""
         posterior = None if target is None else self.posterior_head(torch.cat([u, target], dim=-1))
         prior = self.prior_head(u) if posterior is None or charge else None
-        z_H = self.perturb(u, posterior if posterior is not None else prior)
-        if posterior is None or not charge:
+        if posterior is None:  # a sample: in eval mode at the sampling temperature
+            return self.perturb(u, prior, 1.0 if self.training else self.sample_temperature), None
+        z_H = self.perturb(u, posterior)
+        if not charge:
             return z_H, None
         return z_H, gaussian_kl(*posterior, *prior, balance=self.config.kl_balance,
                                  free_nats=self.config.kl_free_nats)
 
-    def perturb(self, u: Tensor, gaussian: Gaussian) -> Tensor:
-        """u + noise_scale * proj(eps) with eps a reparameterised draw from ``gaussian``."""
+    def perturb(self, u: Tensor, gaussian: Gaussian, temperature: float = 1.0) -> Tensor:
+        """u + noise_scale * proj(eps) with eps a reparameterised draw from ``gaussian``, its
+        standard deviation times ``temperature``."""
         mean, logvar = gaussian
-        eps = mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)  # [B, T or 1, latent] float32
+        eps = mean + temperature * torch.exp(0.5 * logvar) * torch.randn_like(mean)  # [B, T or 1, latent] float32
         return u + self.noise_scale * self.noise_proj(eps.to(u.dtype))
 
     def schedule(self, step: int) -> None:

@@ -10,24 +10,32 @@ distinct samples, which is what a generator is for: valid, and not the same boar
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from urm_ray.data import stream
 from urm_ray.data.tasks.verify import verifier_for
-from urm_ray.errors import DataError
+from urm_ray.errors import ConfigError, DataError
 from urm_ray.train.evaluate import IGNORE, generate_unconditional
 from urm_ray.train.offline import load_checkpoint
 
 BLANK_TOKEN = 1  # the empty cell of the Sudoku and N-Queens datasets (0 is padding)
 
 
-def sample_checkpoint(folder: str | Path, num: int, seed: int = 0) -> dict[str, Any]:
-    """``num`` boards sampled from the blank input, with their validity and distinctness."""
+def sample_checkpoint(folder: str | Path, num: int, seed: int = 0,
+                      temperature: Optional[float] = None) -> dict[str, Any]:
+    """``num`` boards sampled from the blank input, with their validity and distinctness; a
+    ``temperature`` replaces the checkpoint's ``model.sample_temperature`` (GRAM only)."""
     if num < 1:
         raise DataError(f"--num {num}: expected at least 1 sample")
+    if temperature is not None and temperature < 0:
+        raise ConfigError(f"--temperature {temperature}: expected a value >= 0")
     cfg, model = load_checkpoint(folder)
+    if temperature is not None:
+        if not hasattr(model, "sample_temperature"):
+            raise ConfigError(f"--temperature: {cfg.model.name} draws no samples (a GRAM model does)")
+        model.sample_temperature = temperature
     meta = stream.load_meta(cfg.data)
     verifier = verifier_for(meta.task, meta.seq_len)  # ConfigError for tasks without one (ARC)
     torch.manual_seed(seed)
@@ -39,6 +47,7 @@ def sample_checkpoint(folder: str | Path, num: int, seed: int = 0) -> dict[str, 
     return {
         "task": meta.task,
         "samples": num,
+        "temperature": getattr(model, "sample_temperature", None),
         "valid": float(valid.double().mean()),
         "distinct": len(distinct),
         "distinct_valid": len(distinct_valid),

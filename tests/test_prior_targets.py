@@ -1,5 +1,6 @@
-"""GRAM's prior match on a task with one label per input and many valid answers: the trainer
-trains a row's prior decode towards the target ``model.prior_match_targets`` names."""
+"""Tasks with one label per input and many valid answers: the trainer trains GRAM's prior decode
+towards the target ``model.prior_match_targets`` names, and any model's answer decode towards the
+one ``train.label_targets`` names."""
 
 from __future__ import annotations
 
@@ -51,3 +52,25 @@ def test_the_step_trains_the_prior_decode_towards_the_search_targets():
         _, metrics = tiny._step(None, batch(0))
         counts[name] = int(metrics["prior_exact"])
     assert counts == {"labels": 0, "own decode": 8}
+
+
+def test_label_targets_nearest_asks_the_task_for_its_search():
+    hooks = lambda choice: task_hooks(trainer("urm", False, (f"train.label_targets={choice}",)).cfg, META)  # noqa: E731
+    assert hooks("label") == (None, None)
+    inputs, labels = _graphs(4)
+    answers = torch.where(labels < 0, coloring.NO_EDGE_TOKEN, labels)
+    assert torch.equal(hooks("nearest")[1](answers, inputs, labels), labels)  # valid answers are their own target
+
+
+def test_the_step_trains_the_answer_decode_towards_the_label_targets():
+    """With a search that returns each row's own decode (where the label has a target), every
+    supervised token's loss is that of its argmax, below the label's."""
+    losses = {}
+    for name, search in (("labels", None), ("own decode", lambda answers, inputs, labels: torch.where(
+            labels < 0, labels, answers))):
+        tiny = trainer("urm", False)
+        tiny.label_targets = search
+        torch.manual_seed(3)
+        _, metrics = tiny._step(None, batch(0))
+        losses[name] = float(metrics["lm_loss"])
+    assert losses["own decode"] < losses["labels"]

@@ -37,6 +37,11 @@ class TrainConfig:
     torch_threads: int = 0  # intra-op threads per worker; 0 = cpus_per_worker rounded down (min 1)
     gpus_per_worker: float = 1.0  # used only when training on GPU
     loss: Literal["stablemax", "softmax"] = "stablemax"
+    # the answer loss's targets: "label" = the dataset's label; "nearest" = the valid answer
+    # nearest to the row's own decode, from the task's exhaustive search (multi-solution tasks:
+    # a loss that is the minimum over the valid answers, so a valid answer other than the label
+    # is not pulled towards it; small colouring, N-Queens and 4x4 Sudoku)
+    label_targets: Literal["label", "nearest"] = "label"
     seed: int = 0
     log_every: int = 20  # steps between metric reports
     eval_every: int = 500  # steps between evaluations on the held-out split (0 = end only)

@@ -72,7 +72,11 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         progress.phase(f"restored step {position.step} from the latest checkpoint")
     tracker = make_tracker(loop_config["tracking_uri"], loop_config["run_id"], rank == 0)
     trainer = Trainer(cfg, model, wrapped, ema, optimizers, tracker, device, rank, world, meta.seq_len)
-    trainer.verifier, trainer.prior_targets = task_hooks(cfg, meta)
+    trainer.verifier, search = task_hooks(cfg, meta)
+    if getattr(cfg.model, "prior_match_targets", "label") == "nearest":
+        trainer.prior_targets = search
+    if cfg.train.label_targets == "nearest":
+        trainer.label_targets = search
     trainer.eval_verifier = optional_verifier(meta.task, meta.seq_len)
     if registry.of(meta).versioned:
         trainer.arc_views = cfg.train.eval_arc_views
@@ -82,13 +86,14 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
 
 def task_hooks(cfg: RunConfig, meta: DatasetMeta) -> tuple[Verifier | None, Search | None]:
-    """The task's pieces GRAM's config asks for: the verifier of ``model.halt_target: verifier``
-    and the search of ``model.prior_match_targets: nearest`` (None where not asked for).
+    """The task's pieces the config asks for: the verifier of GRAM's ``model.halt_target: verifier``
+    and the search of ``model.prior_match_targets: nearest`` or ``train.label_targets: nearest``
+    (None where not asked for).
     ConfigError where the task has none; the driver calls it before Ray starts."""
     verifier = search = None
     if getattr(cfg.model, "halt_target", "label") == "verifier":
         verifier = verifier_for(meta.task, meta.seq_len)
-    if getattr(cfg.model, "prior_match_targets", "label") == "nearest":
+    if "nearest" in (getattr(cfg.model, "prior_match_targets", "label"), cfg.train.label_targets):
         search = nearest_for(meta.task, meta.seq_len, meta.vocab_size)
     return verifier, search
 
@@ -181,6 +186,8 @@ class Trainer:
         # GRAM's prior match: the targets of rows alone with their input, from their prior decodes
         # (model.prior_match_targets; None = their labels)
         self.prior_targets: Search | None = None
+        # the answer loss's targets from the rows' own decodes (train.label_targets; None = labels)
+        self.label_targets: Search | None = None
         # judges held-out answers: eval/valid_accuracy and, with train.eval_samples > 0, the
         # sampled answers' validity and coverage (None = "equals the label")
         self.eval_verifier: Verifier | None = None
@@ -252,15 +259,17 @@ class Trainer:
         with self._autocast():
             carry, outputs = self.wrapped(carry, batch)
             halt_target = prior_targets = None
-            data = carry.current_data
+            data, labels = carry.current_data, carry.current_data["labels"]
             if self.verifier is not None:
                 judged = outputs.get("halt_logits", outputs["logits"])  # GRAM: a prior decode
                 halt_target = self.verifier(judged.detach().argmax(-1), data["inputs"], data["labels"])
             if self.prior_targets is not None and "prior_logits" in outputs:
                 prior_targets = self.prior_targets(outputs["prior_logits"].detach().argmax(-1), data["inputs"],
                                                    data["labels"])
+            if self.label_targets is not None:
+                labels = self.label_targets(outputs["logits"].detach().argmax(-1), data["inputs"], labels)
             loss, metrics = self.loss_fn(
-                outputs, data["labels"], carry.halted, carry.steps, self.cfg.train.loss,
+                outputs, labels, carry.halted, carry.steps, self.cfg.train.loss,
                 halt_target=halt_target, inputs=data["inputs"], prior_targets=prior_targets,
             )
         # Official scaling: sum over the global batch / global batch size. DDP averages

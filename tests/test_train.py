@@ -128,15 +128,16 @@ def test_unwritable_storage_fails_before_ray(tmp_path: Path, sudoku4: Path):
     assert fit_dir.is_dir() and not list(fit_dir.iterdir())
 
 
-def test_a_search_the_task_lacks_fails_before_ray(tmp_path: Path):
+@pytest.mark.parametrize("preset, asks", [("sudoku4-gram-urm", ("model.prior_match=1", "model.prior_match_targets=nearest")),
+                                           ("sudoku4-urm", ("train.label_targets=nearest",))])
+def test_a_search_the_task_lacks_fails_before_ray(tmp_path: Path, preset: str, asks: tuple[str, ...]):
     import ray
 
     out = tmp_path / "sudoku6"
     sudoku.build_generated(out, size=6, num_train=20, num_test=4, blanks=8, seed=1)
     was_up = ray.is_initialized()
     with pytest.raises(ConfigError, match=r"sudoku: a nearest-board search .* \(got 6x6\)"):
-        fit(load_config("sudoku4-gram-urm", [f"data.path={out}", f"train.storage_path={tmp_path / 'runs'}",
-                                             "model.prior_match=1", "model.prior_match_targets=nearest"]))
+        fit(load_config(preset, [f"data.path={out}", f"train.storage_path={tmp_path / 'runs'}", *asks]))
     assert ray.is_initialized() == was_up and not (tmp_path / "runs").exists()
 
 

@@ -52,9 +52,9 @@ def score(model: torch.nn.Module, verify: Any, samples: int, sample_halt: str = 
           temperature: float = 1.0) -> dict[str, float]:
     """Share of ``samples`` blank-input draws the verifier accepts, and the distinct valid ones;
     each draw stops where ``sample_halt`` says (``model.sample_halt``), drawn at ``temperature``."""
-    torch.manual_seed(1234)
     model.sample_halt, model.sample_temperature = sample_halt, temperature
-    with torch.no_grad():
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # training's random numbers stay as they were
+        torch.manual_seed(1234)
         boards = generate_unconditional(model.eval(), num_samples=samples)
     valid = verify(boards, torch.ones_like(boards), boards).numpy()
     return {"valid": round(float(valid.mean()), 3), "distinct": len({b.tobytes() for b in boards.numpy()[valid]})}

@@ -14,11 +14,12 @@ EMA and the raw weights (``generate_unconditional``; with ``model.max_segments``
 draw stopped by its halt head, ``ema_q`` / ``raw_q``), reporting the share the task's verifier
 accepts and how many valid ones are distinct. ``--ema-decays`` keeps one average per decay
 (training is the same: the average does not feed back), reported as ``ema`` (the preset's) or
-``ema<decay>``; ``--temperatures`` scores each draw set at each sampling temperature
-(``model.sample_temperature``), keys suffixed ``@t`` below 1 or above it. With ``--set model.prior_match_targets=nearest`` the
-prior match trains towards the task's search targets (the draws matched to all solutions), as
-the trainer does. Arms run one after another; run two invocations
-side by side to use both cores.
+``ema<decay>``; ``--temperatures`` scores the draws at each sampling temperature
+(``model.sample_temperature``), keys suffixed ``@t`` where t is not 1; scoring draws from a
+forked generator, so what is scored leaves training unchanged. With
+``--set model.prior_match_targets=nearest`` the prior match trains towards the task's search
+targets (the draws matched to all solutions), as the trainer does. Arms run one after another;
+run two invocations side by side to use both cores.
 """
 
 import argparse

@@ -72,3 +72,15 @@ def check_prior_match_pass(make: Callable[[float], nn.Module], batch: dict, tran
     assert not any(name.startswith(("posterior_head.", "label_embed.")) for name in prior_grads)
     _, outputs = head_calls(model.eval(), batch)
     assert "prior_logits" not in outputs
+
+
+def check_prior_match_start(make: Callable[[int], nn.Module], batch: dict) -> None:
+    """``make(start)`` builds a model with the prior match from training step ``start``: the
+    steps before it run no prior-guided pass, the steps from it do (as ``schedule`` sets them)."""
+    model = make(3).train()
+    seen = []
+    for step in (0, 2, 3, 7):
+        model.schedule(step)
+        seen.append("prior_logits" in head_calls(model, batch)[1])
+    assert seen == [False, False, True, True]
+    assert "prior_logits" in head_calls(make(0).train(), batch)[1]

@@ -11,7 +11,7 @@ from urm_ray.models.registry import TaskSpec, build_model, config_class
 from urm_ray.models.trm import TRMConfig
 
 from gradients import grads
-from guided import check_free_kl_trains_only_heads, check_prior_match_pass, head_calls, roll
+from guided import check_free_kl_trains_only_heads, check_prior_match_pass, check_prior_match_start, head_calls, roll
 
 TASK = TaskSpec(vocab_size=10, seq_len=12, num_puzzle_identifiers=3)
 TINY = {"hidden_size": 32, "num_heads": 4, "num_layers": 1, "h_cycles": 3, "l_cycles": 2, "puzzle_emb_dim": 32,
@@ -29,6 +29,7 @@ PAPER = {"kl_transitions": "last", "kl_reduction": "sum", "halt_decode": "poster
         ({"kl_balance": 1.5}, "model.kl_balance=1.5"),
         ({"kl_free_nats": -1.0}, "model.kl_free_nats=-1.0"),
         ({"prior_match": -0.5}, "model.prior_match=-0.5"),
+        ({"prior_match": 1.0, "prior_match_start": -1}, "model.prior_match_start=-1"),
         ({"kl_coef_start": 0.5}, r"model.kl_coef_start=0.5 needs .* model.kl_ramp_steps >= 1 \(got 0\)"),
         ({"kl_coef_start": -1.0, "kl_ramp_steps": 5}, "model.kl_coef_start=-1.0"),
         ({"kl_ramp_steps": 5}, r"model.kl_ramp_steps=5 needs model.kl_coef_start"),
@@ -52,6 +53,8 @@ def test_options_without_effect_warn():
         GRAMConfig(noise_scale=0.0)
     with pytest.warns(UserWarning, match="model.prior_match_targets='nearest' has no effect with model.prior_match=0"):
         GRAMConfig(prior_match_targets="nearest")
+    with pytest.warns(UserWarning, match="model.prior_match_start=100 has no effect with model.prior_match=0"):
+        GRAMConfig(prior_match_start=100)
 
 
 def test_registered_and_paper_size():
@@ -260,3 +263,9 @@ def test_noise_off_trains_under_ddp_without_unused_parameters(tmp_path):
 def test_prior_match_adds_a_prior_guided_pass_that_trains_the_core_and_the_prior(model_batch):
     check_prior_match_pass(lambda match: build_model(GRAMConfig(**{**TINY, "prior_match": match}), TASK),
                            model_batch(TASK), transitions=3, core="net.")
+
+
+def test_prior_match_runs_from_its_start_step(model_batch):
+    check_prior_match_start(
+        lambda start: build_model(GRAMConfig(**{**TINY, "prior_match": 1.0, "prior_match_start": start}), TASK),
+        model_batch(TASK))

@@ -11,7 +11,7 @@ from urm_ray.models.gram_urm import GRAMURM, GRAMURMConfig
 from urm_ray.models.registry import TaskSpec, build_model, config_class
 from urm_ray.models.urm import URMConfig
 
-from guided import check_free_kl_trains_only_heads, check_prior_match_pass, head_calls, roll
+from guided import check_free_kl_trains_only_heads, check_prior_match_pass, check_prior_match_start, head_calls, roll
 
 TASK = TaskSpec(vocab_size=10, seq_len=12, num_puzzle_identifiers=3)
 TINY = {"hidden_size": 32, "num_heads": 4, "num_layers": 1, "loops": 4, "truncation": 2,
@@ -203,6 +203,12 @@ def test_row_latent_gram_draws_several_valid_queens_boards_from_the_blank_board(
 def test_prior_match_adds_a_prior_guided_pass_that_trains_the_core_and_the_prior(model_batch):
     check_prior_match_pass(lambda match: build_model(GRAMURMConfig(**{**TINY, "prior_match": match}), TASK),
                            model_batch(TASK), transitions=4, core="blocks.")
+
+
+def test_prior_match_runs_from_its_start_step(model_batch):
+    check_prior_match_start(
+        lambda start: build_model(GRAMURMConfig(**{**TINY, "prior_match": 1.0, "prior_match_start": start}), TASK),
+        model_batch(TASK))
 
 
 def test_sample_halt_q_stops_each_draw_where_its_halt_head_says(model_batch):

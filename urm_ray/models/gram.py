@@ -119,6 +119,10 @@ class GuidanceConfig:
     # the decoder learns to turn the prior's draws, not only the posterior's, into valid answers,
     # and the draws to cover the answers. Costs a second forward and backward. 0 = off (paper)
     prior_match: float = 0.0
+    # the training step from which the prior match runs (before it: no second pass, the paper's
+    # step): a latent the posterior has not yet taken up is collapsed by a match started at once
+    # (8x8 N-Queens), one already in use is sharpened by it
+    prior_match_start: int = 0
     # the prior match's targets: "label" = the batch's labels, matched within each input;
     # "nearest" = valid answers from the task's exhaustive search (small graph colouring, N-Queens
     # up to 10x10, 4x4 Sudoku): a row alone with its input gets the valid answer nearest to its
@@ -143,6 +147,7 @@ class GuidanceConfig:
         require(self.kl_coef >= 0, f"model.kl_coef={self.kl_coef} must be >= 0")
         require(self.kl_free_nats >= 0, f"model.kl_free_nats={self.kl_free_nats} must be >= 0")
         require(self.prior_match >= 0, f"model.prior_match={self.prior_match} must be >= 0")
+        require(self.prior_match_start >= 0, f"model.prior_match_start={self.prior_match_start} must be >= 0")
         require(self.kl_coef_start is None or (self.kl_coef_start >= 0 and self.kl_ramp_steps >= 1),
                 f"model.kl_coef_start={self.kl_coef_start} needs a value >= 0 and model.kl_ramp_steps >= 1 "
                 f"(got {self.kl_ramp_steps})")
@@ -152,6 +157,9 @@ class GuidanceConfig:
             self.kl_balance is None or 0.0 <= self.kl_balance <= 1.0,
             f"model.kl_balance={self.kl_balance} must be in [0, 1] or null",
         )
+        if self.prior_match_start and not self.prior_match:
+            warnings.warn(f"model.prior_match_start={self.prior_match_start} has no effect with model.prior_match=0 "
+                          "(the prior match is off)")
         if self.prior_match_targets != "label" and not self.prior_match:
             warnings.warn(f"model.prior_match_targets={self.prior_match_targets!r} has no effect with model.prior_match=0 "
                           "(the prior match is off)")
@@ -204,6 +212,11 @@ class PositionwiseProjection(nn.Module):
         return torch.einsum("bol,tlh->bth", eps, self.weight.to(eps.dtype))
 
 
+def prior_match_on(config: GuidanceConfig, step: int) -> bool:
+    """Whether training step ``step`` runs the prior match's second pass."""
+    return config.prior_match > 0 and step >= config.prior_match_start
+
+
 def kl_coef_at(config: GuidanceConfig, step: int) -> float:
     """The KL coefficient at a training step: kl_coef, or on the ramp from kl_coef_start."""
     if config.kl_coef_start is None:
@@ -230,6 +243,7 @@ class Guided(nn.Module):
         # the KL's weight now (a tensor, so a compiled graph reads it rather than baking it in)
         self.register_buffer("kl_weight", torch.tensor(kl_coef_at(config, 0)), persistent=False)
         self.register_buffer("prior_weight", torch.tensor(config.prior_match), persistent=False)
+        self.prior_match_on = prior_match_on(config, 0)  # set by schedule() at every training step
         if config.noise_scale:  # else none: weights without gradient, which DDP rejects
             self.build_guidance(config, task)
 
@@ -294,7 +308,7 @@ class Guided(nn.Module):
         outputs = self.heads(z)
         if target is None:
             return outputs
-        if self.config.halt_decode == "prior" and not self.config.prior_match:  # else prior_match_outputs
+        if self.config.halt_decode == "prior" and not self.prior_match_on:  # else prior_match_outputs
             with torch.no_grad():
                 outputs["halt_logits"] = self.heads(self.perturb(u, self.prior_head(u)))["logits"]
         outputs.update(self.kl_outputs(torch.stack(kls), labels))
@@ -333,8 +347,10 @@ class Guided(nn.Module):
         return u + self.noise_scale * self.noise_proj(eps.to(u.dtype))
 
     def schedule(self, step: int) -> None:
-        """Sets the KL's weight for training step ``step`` (the training loop calls it)."""
+        """Sets the KL's weight and whether the prior match runs, for training step ``step`` (the
+        training loop calls it)."""
         self.kl_weight.fill_(kl_coef_at(self.config, step))
+        self.prior_match_on = prior_match_on(self.config, step)
 
     def kl_outputs(self, kls: Tensor, labels: Tensor) -> dict[str, Tensor]:
         """The loss term and the logged KLs from the charged transitions' KLs [N, B] (nats).
@@ -363,7 +379,7 @@ class GRAM(Guided, TRM):
         kls: list[Tensor] = []  # per-row balanced KL [B] of each charged transition
         z_H, z_L, u = self.transitions(state["z_H"], state["z_L"], x, rope, target, kls)
         outputs = self.guided_outputs(z_H, u, target, kls, labels)
-        if target is not None and self.config.prior_match:
+        if target is not None and self.prior_match_on:
             prior_z_H = self.transitions(state["z_H"], state["z_L"], x, rope, None, [])[0]
             outputs.update(self.prior_match_outputs(prior_z_H))
         return {"z_H": z_H, "z_L": z_L}, outputs

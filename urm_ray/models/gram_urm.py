@@ -51,7 +51,7 @@ class GRAMURM(Guided, URM):
         kls: list[Tensor] = []  # per-row balanced KL [B] of each charged transition
         h, u = self.transitions(state["hidden"], x, rope, target, kls)
         outputs = self.guided_outputs(h, u, target, kls, labels)
-        if target is not None and self.config.prior_match:
+        if target is not None and self.prior_match_on:
             outputs.update(self.prior_match_outputs(self.transitions(state["hidden"], x, rope, None, [])[0]))
         return {"hidden": h}, outputs
 

@@ -66,3 +66,24 @@ def test_sample_at_temperature_zero_draws_the_prior_mean(gram_checkpoint, capsys
 def test_sample_rejects_a_negative_temperature(gram_checkpoint, capsys):
     assert main(["sample", str(gram_checkpoint), "--temperature", "-1"]) == 2
     assert "--temperature -1.0" in capsys.readouterr().err
+
+
+def test_eval_draws_its_prior_samples_at_the_given_temperature(gram_checkpoint, ray_local):
+    from urm_ray.train.offline import evaluate_checkpoint
+
+    noisy = evaluate_checkpoint(gram_checkpoint)
+    cold = evaluate_checkpoint(gram_checkpoint, temperature=0.0)
+    assert (noisy["temperature"], cold["temperature"]) == (1.0, 0.0)
+    # at 0 every row's 8 draws are the prior mean: one answer per row, so the vote is each draw
+    assert cold["eval/vote_token_accuracy"] == pytest.approx(cold["eval/token_accuracy"])
+    assert noisy["eval/vote_token_accuracy"] != pytest.approx(noisy["eval/token_accuracy"])
+
+
+def test_eval_rejects_a_temperature_for_a_model_without_samples(tmp_path, capsys):
+    meta = nqueens.build_unconditional(tmp_path / "nq6", n=6, repeats=2)
+    cfg = load_config("sudoku4-urm", [f"data.path={tmp_path / 'nq6'}", "model.hidden_size=16", "model.num_heads=2"])
+    model = build_model(cfg.model, TaskSpec(meta.vocab_size, meta.seq_len, meta.num_puzzle_identifiers))
+    (tmp_path / "ckpt").mkdir()
+    checkpoint.save(tmp_path / "ckpt", model, None, [], checkpoint.Position(step=1), to_dict(cfg))
+    assert main(["eval", str(tmp_path / "ckpt"), "--temperature", "0.5"]) == 2
+    assert "--temperature: urm draws no samples" in capsys.readouterr().err

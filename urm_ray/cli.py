@@ -57,11 +57,14 @@ def _eval(args: argparse.Namespace) -> None:
 
     live = sys.stderr.isatty()
     if not offline.task_of(args.checkpoint).versioned:
+        offline.check_temperature(offline.config_of(args.checkpoint), args.temperature)  # before Ray starts
         init_ray(verbose=args.verbose)  # its split is read with Ray Data
-        metrics = offline.evaluate_checkpoint(args.checkpoint, split=args.split,
-                                              max_rows=args.max_rows, live=live)
+        metrics = offline.evaluate_checkpoint(args.checkpoint, split=args.split, max_rows=args.max_rows,
+                                              live=live, temperature=args.temperature)
         print(json.dumps(metrics, indent=2))
         return
+    if args.temperature is not None:
+        raise ConfigError("--temperature: an ARC evaluation votes over augmentations and draws no prior samples")
     report = offline.evaluate_arc_checkpoint(
         args.checkpoint, split=args.split, num_augmentations=args.augmentations,
         halt_early=args.halt_early, pass_ks=args.pass_k, max_pairs=args.max_rows, live=live,
@@ -158,6 +161,9 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-mlflow", dest="mlflow", action="store_false",
                     help="ARC: do not log the evaluation to MLflow")
     ev.add_argument("--tracking-uri", default="", help="MLflow URI (default: the run's)")
+    ev.add_argument("--temperature", type=float, default=None,
+                    help="GRAM: draw the prior samples (train.eval_samples per row) at this temperature "
+                         "(default: model.sample_temperature)")
     _verbose_option(ev)
     ev.set_defaults(func=_eval)
 

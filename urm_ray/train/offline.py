@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -21,6 +21,7 @@ from urm_ray.data.tasks import registry
 from urm_ray.data.tasks.arc.evaluate import PASS_KS, evaluate_arc
 from urm_ray.data.tasks.task import PuzzleTask
 from urm_ray.data.tasks.verify import optional_verifier
+from urm_ray.errors import ConfigError
 from urm_ray.models.registry import build_model
 from urm_ray.models.task import TaskSpec
 from urm_ray.optim import EMA
@@ -29,13 +30,27 @@ from urm_ray.train import checkpoint
 from urm_ray.train.evaluate import held_out_metrics
 
 
-def load_checkpoint(folder: str | Path) -> tuple[RunConfig, torch.nn.Module]:
-    """The run config and the evaluation model (EMA weights when the run kept an EMA).
+def load_checkpoint(folder: str | Path, temperature: Optional[float] = None) -> tuple[RunConfig, torch.nn.Module]:
+    """The run config and the evaluation model (EMA weights when the run kept an EMA); a
+    ``temperature`` replaces the checkpoint's ``model.sample_temperature`` (GRAM only).
 
     ``folder`` may be a URI (``s3://bucket/.../checkpoint_...``): it is downloaded first.
     """
     cfg, model, _ = _load(folder)
+    if temperature is not None:
+        check_temperature(cfg, temperature)
+        model.sample_temperature = temperature
     return cfg, model
+
+
+def check_temperature(cfg: RunConfig, temperature: Optional[float]) -> None:
+    """A sampling temperature given for ``cfg``'s model (None = its own) is >= 0, for GRAM."""
+    if temperature is None:
+        return
+    if temperature < 0:
+        raise ConfigError(f"--temperature {temperature}: expected a value >= 0")
+    if not hasattr(cfg.model, "sample_temperature"):
+        raise ConfigError(f"--temperature: {cfg.model.name} draws no samples (a GRAM model does)")
 
 
 def _load(folder: str | Path) -> tuple[RunConfig, torch.nn.Module, int]:
@@ -46,7 +61,7 @@ def _load(folder: str | Path) -> tuple[RunConfig, torch.nn.Module, int]:
         with ray.train.Checkpoint(str(folder)).as_directory() as local:
             return _load(local)
     folder = Path(folder)
-    cfg = build_config(checkpoint.load_config_dict(folder))
+    cfg = config_of(folder)
     meta = stream.load_meta(cfg.data)
     table_size = stream.puzzle_table_size(meta, cfg.data)
     model = build_model(cfg.model, TaskSpec(meta.vocab_size, meta.seq_len, table_size))
@@ -59,12 +74,13 @@ def _load(folder: str | Path) -> tuple[RunConfig, torch.nn.Module, int]:
     return cfg, model.eval(), int(state.get("position", {}).get("step", 0))
 
 
-def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0,
-                        live: bool = False) -> dict[str, Any]:
-    """Exact/token accuracy and segments of a checkpoint on a split of its dataset.
+def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0, live: bool = False,
+                        temperature: Optional[float] = None) -> dict[str, Any]:
+    """Exact/token accuracy and segments of a checkpoint on a split of its dataset; a GRAM run's
+    ``train.eval_samples`` prior samples per row drawn at ``temperature`` (default: its own).
 
     Progress over the rows: a bar on stderr when ``live``, else a log line every few seconds."""
-    cfg, model = load_checkpoint(folder)
+    cfg, model = load_checkpoint(folder, temperature)
     data_cfg = replace(cfg.data, eval_split=split or cfg.data.eval_split)
     dataset = stream.eval_dataset(data_cfg)
     if max_rows:
@@ -86,7 +102,8 @@ def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0,
     metrics = held_out_metrics(model, batches, cfg.train.eval_samples,
                                optional_verifier(meta.task, meta.seq_len))
     progress.finish()
-    return {"split": data_cfg.eval_split, **metrics}
+    drawn = {"temperature": model.sample_temperature} if hasattr(model, "sample_temperature") else {}
+    return {"split": data_cfg.eval_split, **drawn, **metrics}
 
 
 def _split_rows(meta: DatasetMeta, split: str, max_rows: int) -> int:
@@ -95,10 +112,14 @@ def _split_rows(meta: DatasetMeta, split: str, max_rows: int) -> int:
     return min(rows, max_rows) if max_rows else rows
 
 
+def config_of(folder: str | Path) -> RunConfig:
+    """The run config a local checkpoint folder holds."""
+    return build_config(checkpoint.load_config_dict(Path(folder)))
+
+
 def task_of(folder: str | Path) -> PuzzleTask:
     """The task of the dataset a checkpoint was trained on."""
-    cfg = build_config(checkpoint.load_config_dict(Path(folder)))
-    return registry.of(stream.load_meta(cfg.data))
+    return registry.of(stream.load_meta(config_of(folder).data))
 
 
 def evaluate_arc_checkpoint(folder: str | Path, split: str = "", num_augmentations: int = 0,
@@ -122,7 +143,7 @@ def log_to_mlflow(folder: str | Path, split: str, metrics: dict[str, float], ste
     the training run when it exists; metrics at the checkpoint's step; ``details`` as JSON."""
     from urm_ray import tracking
 
-    cfg = build_config(checkpoint.load_config_dict(Path(folder)))
+    cfg = config_of(folder)
     if not cfg.tracking.enabled and not tracking_uri:
         return None
     uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri)

@@ -16,7 +16,7 @@ import torch
 
 from urm_ray.data import stream
 from urm_ray.data.tasks.verify import verifier_for
-from urm_ray.errors import ConfigError, DataError
+from urm_ray.errors import DataError
 from urm_ray.train.evaluate import IGNORE, generate_unconditional
 from urm_ray.train.offline import load_checkpoint
 
@@ -29,13 +29,7 @@ def sample_checkpoint(folder: str | Path, num: int, seed: int = 0,
     ``temperature`` replaces the checkpoint's ``model.sample_temperature`` (GRAM only)."""
     if num < 1:
         raise DataError(f"--num {num}: expected at least 1 sample")
-    if temperature is not None and temperature < 0:
-        raise ConfigError(f"--temperature {temperature}: expected a value >= 0")
-    cfg, model = load_checkpoint(folder)
-    if temperature is not None:
-        if not hasattr(model, "sample_temperature"):
-            raise ConfigError(f"--temperature: {cfg.model.name} draws no samples (a GRAM model does)")
-        model.sample_temperature = temperature
+    cfg, model = load_checkpoint(folder, temperature)
     meta = stream.load_meta(cfg.data)
     verifier = verifier_for(meta.task, meta.seq_len)  # ConfigError for tasks without one (ARC)
     torch.manual_seed(seed)

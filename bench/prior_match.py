@@ -64,7 +64,9 @@ def score(model: torch.nn.Module, verify: Any, samples: int, sample_halt: str = 
 def train_arm(task: str, weight: float, args: argparse.Namespace) -> dict[str, Any]:
     preset, verifier_task, boards_fn, vocab = TASKS[task]
     boards = torch.from_numpy(np.asarray(boards_fn())).long()
-    cfg = load_config(preset, [*args.set, f"model.prior_match={weight}"])
+    # the arm without the match also drops the match's other fields, which would only warn
+    off = ["model.prior_match_start=0", "model.prior_match_targets=label"] if weight == 0 else []
+    cfg = load_config(preset, [*args.set, f"model.prior_match={weight}", *off])
     verify = verifier_for(verifier_task, boards.shape[1])
     search = nearest_for(verifier_task, boards.shape[1], vocab) if cfg.model.prior_match_targets == "nearest" else None
     torch.manual_seed(args.seed)

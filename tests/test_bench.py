@@ -97,3 +97,31 @@ def test_two_precisions_side_by_side(monkeypatch):
     assert result["bf16_over_fp32_eager"] > 0 and "eager_samples_per_s" not in result
     with pytest.raises(SystemExit):
         throughput.parse(["--preset", "b", "--precisions", "bf16", "bf16"])
+
+
+_WIDTH = importlib.util.spec_from_file_location(
+    "gram_sampling", Path(__file__).resolve().parents[1] / "bench" / "gram_sampling.py")
+width = importlib.util.module_from_spec(_WIDTH)
+_WIDTH.loader.exec_module(width)
+
+
+def test_width_bench_replays_every_trajectorys_products(tmp_path: Path):
+    """bench/gram_sampling.py: N trajectories run N times the products of one, and their replay
+    (the floor of the latency) is timed beside the calls."""
+    data = tmp_path / "s4"
+    sudoku.build_generated(data, size=4, num_train=20, num_test=5, blanks=8, seed=0)
+    tiny = ["model.hidden_size=32", "model.num_heads=2", "model.num_layers=1", "model.expansion=1.0",
+            "model.latent_dim=4", f"data.path={data}"]
+    out = tmp_path / "width.json"
+    result = width.main(["sudoku4-gram", *tiny, "--num", "1", "3", "--rounds", "2", "--calls", "1",
+                         "--threads", "1", "--json", str(out)])
+    assert json.loads(out.read_text()) == result
+    one, three = result["results"]
+    # per token: 4 segments x 2 cycles x (2 + 1) stack passes of one layer (qkv 32x96, out 32x32,
+    # gate-up 32x512, down 256x32), and 8 prior heads (32x512, 256x8); the rest is the small heads
+    core = 4 * 2 * 3 * (32 * 96 + 32 * 32 + 32 * 512 + 256 * 32) + 8 * (32 * 512 + 256 * 8)
+    assert one["flop"] == pytest.approx(2 * 16 * core, rel=0.01)
+    assert three["flop"] == 3 * one["flop"]
+    assert one["over_n1"] == 1.0
+    for row in (one, three):
+        assert row["ms"] > 0 and row["matmul_ms"] > 0 and row["floor_over_n1"] > 0

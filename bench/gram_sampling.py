@@ -22,6 +22,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -58,7 +59,7 @@ class MatmulRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def matmul_replay(model: torch.nn.Module, batch: dict[str, torch.Tensor], num: int):
+def matmul_replay(model: torch.nn.Module, batch: dict[str, torch.Tensor], num: int) -> tuple[int, Callable[[], None]]:
     """(FLOPs, a function running the matrix products of one ``num``-trajectory call back to
     back on random operands of the same shapes, strides (transposed weights stay transposed) and
     dtypes)."""
@@ -76,7 +77,7 @@ def matmul_replay(model: torch.nn.Module, batch: dict[str, torch.Tensor], num: i
     return flops, replay
 
 
-def replay_time(replay, calls: int) -> float:  # noqa: ANN001 (a zero-argument function)
+def replay_time(replay: Callable[[], None], calls: int) -> float:
     """Median seconds of ``calls`` replays."""
     times = []
     for _ in range(calls):
@@ -135,8 +136,8 @@ def main(argv: list[str] | None = None) -> dict:
                    "over_n1": round(statistics.median(t / b for t, b in zip(ts, base)), 2),
                    "flop": replays[num][0],
                    "matmul_ms": round(1e3 * statistics.median(products[num]), 2),
-                   # the least over_n1 any implementation of this model could reach here: the
-                   # products alone, against the whole N=1 call
+                   # the products alone against the whole N=1 call: the least over_n1 a call
+                   # running these products could reach here
                    "floor_over_n1": round(statistics.median(p / b for p, b in zip(products[num], base)), 2)}
                   for num, ts in rounds.items()]}
     print(json.dumps(result, indent=2))

@@ -1,6 +1,6 @@
 """Training throughput of one worker, in-process, eager and compiled side by side.
 
-    python bench/throughput.py --preset a --threads 2              # the issue-9 configs a, b, c
+    python bench/throughput.py --preset a --threads 2              # the reference configs a, b, c
     python bench/throughput.py sudoku4-urm model.loops=8 --vocab 11 --seq-len 81 --json out.json
     python bench/throughput.py --preset c --modes eager            # one side only
     python bench/throughput.py --preset c --precisions fp32 bf16   # fp32 and bf16 autocast too
@@ -47,7 +47,7 @@ FLOP_FIXES = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward: lambda g, q, k, v, *a, **kw:
         flop_counter.sdpa_backward_flop_count(g, q, k, v),
 }
-# The configs of issue 9, measured against the official URM code there: 9x9 Sudoku shape
+# Reference configs, also timed with the official URM code: 9x9 Sudoku shape
 # (81 tokens + a 1-position puzzle prefix), official H_cycles x L_cycles = loops, (H-1) x L = truncation.
 PRESETS = {
     "a": ["sudoku4-urm", "model.hidden_size=128", "model.num_heads=8", "model.num_layers=2",
@@ -216,7 +216,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", nargs="?", help="preset name or YAML path (or --preset)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
-    parser.add_argument("--preset", choices=sorted(PRESETS), help="one of the issue-9 configs a, b, c")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="one of the reference configs a, b, c")
     parser.add_argument("--modes", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
     parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
                         help="time each (bf16 = autocast); default: the one training would use")

@@ -29,7 +29,7 @@ def model_batch():
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A private 2-CPU Ray instance for the whole session, started as the CLI starts one
+    """A private 2-CPU Ray instance for the whole pytest session, started as the CLI starts one
     (``init_ray``: never attaches to a running cluster; a single-worker run trains in-process)."""
     import os
 

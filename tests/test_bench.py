@@ -65,7 +65,7 @@ def test_flops_follow_loops_and_truncation(monkeypatch):
     assert 0.5 < backward / forward_and_backward < 0.8  # backward ~ 2x forward
 
 
-def test_presets_are_the_issue_configs():
+def test_presets_are_the_reference_configs():
     args = throughput.parse(["--preset", "a", "train.seed=3"])
     assert args.config == "sudoku4-urm" and (args.vocab, args.seq_len) == (11, 81)
     assert "model.hidden_size=128" in args.overrides and args.overrides[-1] == "train.seed=3"

@@ -19,7 +19,7 @@ def test_durations_and_rates_read_like_a_clock():
 def test_a_line_has_position_rate_elapsed_eta_and_fields():
     line = format_line("train", 50, 100, "steps", 10.0, 50, {"loss": "1.2345", "eval_exact": "-"})
     assert line == "train: 50/100 steps (5.0/s, 0:10, eta 0:10)  loss 1.2345  eval_exact -"
-    # resumed at step 40: the rate counts the 10 steps of this session only
+    # resumed at step 40: the rate counts only the 10 steps since the resume
     assert format_line("train", 50, 100, "steps", 5.0, 10) == "train: 50/100 steps (2.0/s, 0:05, eta 0:25)"
     assert format_line("validate", 300, 0, "rows", 2.0, 300) == "validate: 300 rows (150/s, 0:02)"
 

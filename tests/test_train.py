@@ -47,7 +47,7 @@ def _config(tmp_path: Path, data: Path, *overrides: str):
 
 def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     """`urm-ray ARGS` in its own process, as a user runs it: no RAY_ADDRESS, so it starts its own
-    Ray instance (next to this session's and any other on the machine)."""
+    Ray instance (next to the test run's own and any other on the machine)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
     return subprocess.run([sys.executable, "-m", "urm_ray.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)

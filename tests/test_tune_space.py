@@ -35,7 +35,7 @@ def _space(tmp_path: Path, **changes) -> Path:
     return path
 
 
-def test_shipped_spaces_include_the_issue_list():
+def test_shipped_spaces_include_the_documented_list():
     names = {p.stem for p in SHIPPED}
     assert {"quickstart", "urm-sudoku", "urm-arc1", "urm-arc2", "gram", "trm", "hrm"} <= names
 

@@ -76,7 +76,7 @@ class InterruptOnce(tune.Callback):
 
 @pytest.fixture(scope="module")
 def ray_sweep():
-    """The session's Ray instance if a test already started one; else a private 2-CPU one whose
+    """The test run's Ray instance if a test already started one; else a private 2-CPU one whose
     State API address is pinned (see ``init_ray``: other Ray instances on this machine)."""
     if ray.is_initialized():
         yield

@@ -17,7 +17,7 @@ class DataConfig:
     augment: bool = True  # apply the dataset's augmentation on the fly in training
     num_augmentations: int = 8  # augmentation slots per puzzle per epoch (aug index 0 = original)
     shuffle_seed: int = 0  # seed of the augmentations and of the row order inside blocks
-    eval_split: str = "test"
+    eval_split: str = "test"  # the held-out split that training's evaluations score
     shuffle_buffer: int = 4096  # local shuffle buffer rows per worker
     # ARC: shift each training pair on the 30x30 canvas (with augment). auto = on ARC data; true =
     # the same, but says it asked for it, so other data or augment=false warns; false = off

@@ -16,7 +16,7 @@ segment only, as in TRM. The KL (balanced, see ``losses.gaussian_kl``) is charge
   ones the two heads run with gradient on the detached proposal, so only they learn from it and
   memory stays at one transition. The paper charges only the last (``last``), which lets the
   posterior write the answer into z_H at the transitions nobody pays for: the prior then learns
-  to copy it out of u instead of finding it (sudoku4: 29 % held-out token accuracy from the prior).
+  to copy it out of u instead of finding it.
 - ``kl_reduction: token_mean`` (default): a row's summed KL over its supervised tokens, the
   scale of the per-token-mean lm_loss, so kl_coef = 1 is an ELBO; ``sum`` is the paper's.
 
@@ -37,15 +37,13 @@ a TRM state dict loads). Samples differ only through the global torch RNG; N tra
 as one batch (see urm_ray.train.evaluate.evaluate_sampled).
 
 Multi-solution tasks (``latent_scope: row``): with one latent per position the posterior writes
-the answer cell by cell (6x6 N-Queens from the blank board: 23-78 nats per board where log 4 =
-1.4 would do) and the prior, which draws each cell's noise alone, never decodes a valid board.
-With one latent per row (the heads read their hidden features averaged over positions, and each
-position reads the draw through a linear map of its own) the posterior can only name which
-answer; the core decodes it.
-Under RoPE a blank board reads alike at every position, so this scope also adds learned absolute
-positions to the input. ``kl_free_nats`` (free bits on the posterior's side) was tried against
-the collapse the row latent can fall into before the core learns to read it; it did not help in
-the runs measured (README, GRAM), so no preset sets it.
+the answer cell by cell, and the prior, which draws each cell's noise alone, cannot make the
+cells agree. With one latent per row (the heads read their hidden features averaged over
+positions, and each position reads the draw through a linear map of its own) the posterior can
+only name which answer; the core decodes it. Under RoPE a blank board reads alike at every
+position, so this scope also adds learned absolute positions to the input.
+
+What was measured for each of these choices: docs/experiments/gram-guidance.md.
 """
 
 from __future__ import annotations
@@ -75,68 +73,57 @@ Gaussian = tuple[Tensor, Tensor]  # (mean, logvar), each float32 [B, T, latent]
 
 @dataclass
 class GuidanceConfig:
-    """The guidance fields, shared by GRAM on TRM's core (``gram``) and on URM's (``gram_urm``)."""
+    """The guidance fields, shared by GRAM on TRM's core (``gram``) and on URM's (``gram_urm``).
+    Where a default departs from the paper, the runs that chose it are in
+    docs/experiments/gram-guidance.md."""
 
-    # width of the Gaussian guidance per position, projected to hidden_size by a linear layer
-    # (official code: 256); 0 = the noise lives directly in the hidden width (paper's text)
+    # width of the Gaussian latent, projected to hidden_size by a linear layer (official code:
+    # 256); 0 = the noise lives in the hidden width itself (the paper's text)
     latent_dim: int = 256
-    # multiplies the whole guidance proj(eps); 1 = GRAM, 0 = guidance off (exactly TRM)
+    # multiplies the guidance proj(eps): 1 = GRAM; 0 = guidance off, the model is exactly its core
     noise_scale: float = 1.0
-    # beta: weight of KL(posterior || prior), reduced per row as kl_reduction says (paper: 1e-3 on the sum)
+    # beta, the weight of KL(posterior, prior), reduced per row as kl_reduction says (paper: 1e-3
+    # on the sum)
     kl_coef: float = 1.0
-    # a KL schedule: kl_coef starts at kl_coef_start and moves linearly to kl_coef over
-    # kl_ramp_steps training steps (e.g. below 1 so the latent is found, then above it so the code
-    # shrinks); null = kl_coef throughout (paper)
+    # start of a linear KL schedule that reaches kl_coef after kl_ramp_steps: low so the latent is
+    # taken up, then higher so the code shrinks; null = kl_coef throughout (paper)
     kl_coef_start: Optional[float] = None
+    # training steps of the KL schedule from kl_coef_start to kl_coef; 0 = no schedule
     kl_ramp_steps: int = 0
-    # KL balancing: share of the KL gradient that trains the prior (paper 0.8); null = plain KL
+    # KL balancing: share of the KL gradient that trains the prior, the rest the posterior (paper
+    # 0.8); null = plain KL
     kl_balance: Optional[float] = 0.8
-    # free bits: a row's KL at a transition below this many nats does not pull the posterior
-    # towards the prior (the prior still learns its kl_balance share); 0 = off (paper)
-    kl_free_nats: float = 0.0
-    # transitions whose KL is charged: "all" = every posterior-guided one, the no-gradient ones
-    # training only the two heads (on the detached proposal u); "last" = only those with
-    # gradient: on TRM's core the segment's last one (the paper's algorithm 1, which lets the
-    # answer through the others for free), on URM's the loops - truncation passes with gradient
+    # transitions whose KL is charged: all = every posterior-guided one (the no-gradient ones train
+    # only the two heads); last = only those with gradient (paper), which leaves the others a free
+    # channel for the answer
     kl_transitions: Literal["all", "last"] = "all"
-    # "token_mean": a row's summed KL over its supervised tokens, the scale of the per-token-mean
-    # lm_loss (kl_coef=1 is then an ELBO); "sum": summed over positions and latent dims (paper)
+    # token_mean = a row's KL over its supervised tokens, lm_loss's scale (kl_coef 1 is then an
+    # ELBO); sum = summed over positions and latent dims (paper)
     kl_reduction: Literal["token_mean", "sum"] = "token_mean"
-    # the guidance the Q-halt head and its label see in training: "prior" = a prior-guided draw at
-    # the last transition, the state inference decodes; "posterior" = the training state (paper)
+    # the state the Q-halt head and its label see in training: prior = a prior-guided draw at the
+    # last transition, what inference decodes; posterior = the training state, always right (paper)
     halt_decode: Literal["prior", "posterior"] = "prior"
-    # Q-halt label: "label" = the answer equals the label (act_loss's default); "verifier" = a
-    # task verifier accepts the answer. The training loop passes the dataset task's verifier.
+    # Q-halt label: label = the answer equals the label; verifier = the dataset task's verifier
+    # accepts the answer (tasks with several valid answers)
     halt_target: Literal["label", "verifier"] = "label"
-    # where a transition's latent lives: "position" = one per position (paper), "row" = one per
-    # row (trajectory), drawn by the heads from their features pooled over positions and read by
-    # each position through its own linear map: on multi-solution tasks the posterior can only
-    # name which answer, not write it cell by cell
+    # one latent per position (paper) or per row: a row's latent can only name which answer, the
+    # core decodes it (tasks with several valid answers); row also adds learned absolute positions
     latent_scope: Literal["position", "row"] = "position"
-    # weight of the prior match: in training a second pass of the segment, guided by the prior
-    # and with gradient, is decoded and trained towards the labels of the batch rows with the same
-    # input, matched one to one to the draws (losses.matched_answer_loss): on multi-solution tasks
-    # the decoder learns to turn the prior's draws, not only the posterior's, into valid answers,
-    # and the draws to cover the answers. Costs a second forward and backward. 0 = off (paper)
+    # weight of the prior match: a second, prior-guided pass of the segment with gradient, its decode
+    # trained towards targets matched one to one to the draws (losses.matched_answer_loss), so the
+    # decoder learns the states inference reaches; costs a second forward and backward. 0 = off (paper)
     prior_match: float = 0.0
-    # the training step from which the prior match runs (before it: no second pass, the paper's
-    # step): a latent the posterior has not yet taken up is collapsed by a match started at once
-    # (8x8 N-Queens), one already in use is sharpened by it
+    # training step from which the prior match runs: started before the posterior uses the latent,
+    # it collapses the latent
     prior_match_start: int = 0
-    # the prior match's targets: "label" = the batch's labels, matched within each input;
-    # "nearest" = valid answers from the task's exhaustive search (small graph colouring, N-Queens
-    # up to 10x10, 4x4 Sudoku): a row alone with its input gets the valid answer nearest to its
-    # decode, so a valid answer other than the one label is not pulled towards the label; the rows
-    # of one input (a blank board) are matched one to one to all of its valid answers, not only to
-    # the few the batch holds
+    # the prior match's targets: label = the batch's labels of the same input; nearest = the task's
+    # valid answers from an exhaustive search (small colouring, N-Queens up to 10x10, 4x4 Sudoku)
     prior_match_targets: Literal["label", "nearest"] = "label"
-    # where a prior sample (evaluation's eval_samples, `urm-ray sample`) stops: "limit" = every
-    # trajectory runs to the ACT limit (max_segments) and answers there; "q" = at the first
-    # segment whose halt head says halt, or at the limit (the paper's inference, app. A.3; with
-    # halt_target: verifier the head has learnt whether the prior's answer is valid)
+    # where a prior sample (train.eval_samples, `urm-ray sample`) stops: limit = at the ACT limit
+    # (max_segments); q = at the first segment whose halt head says halt (the paper's inference)
     sample_halt: Literal["limit", "q"] = "limit"
-    # multiplies the prior's standard deviation when sampling (eval mode; training draws keep 1):
-    # the reduced temperature of Glow and NVAE, below 1 trading coverage for valid samples; 1 = paper
+    # multiplies the prior's standard deviation when sampling (eval only; training draws keep 1):
+    # below 1 trades coverage for valid samples; 1 = paper
     sample_temperature: float = 1.0
 
     def check_guidance(self) -> None:
@@ -145,7 +132,6 @@ class GuidanceConfig:
         require(self.noise_scale >= 0, f"model.noise_scale={self.noise_scale} must be >= 0")
         require(self.sample_temperature >= 0, f"model.sample_temperature={self.sample_temperature} must be >= 0")
         require(self.kl_coef >= 0, f"model.kl_coef={self.kl_coef} must be >= 0")
-        require(self.kl_free_nats >= 0, f"model.kl_free_nats={self.kl_free_nats} must be >= 0")
         require(self.prior_match >= 0, f"model.prior_match={self.prior_match} must be >= 0")
         require(self.prior_match_start >= 0, f"model.prior_match_start={self.prior_match_start} must be >= 0")
         require(self.kl_coef_start is None or (self.kl_coef_start >= 0 and self.kl_ramp_steps >= 1),
@@ -336,8 +322,7 @@ class Guided(nn.Module):
         z_H = self.perturb(u, posterior)
         if not charge:
             return z_H, None
-        return z_H, gaussian_kl(*posterior, *prior, balance=self.config.kl_balance,
-                                 free_nats=self.config.kl_free_nats)
+        return z_H, gaussian_kl(*posterior, *prior, balance=self.config.kl_balance)
 
     def perturb(self, u: Tensor, gaussian: Gaussian, temperature: float = 1.0) -> Tensor:
         """u + noise_scale * proj(eps) with eps a reparameterised draw from ``gaussian``, its

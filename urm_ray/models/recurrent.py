@@ -44,7 +44,7 @@ def require(condition: bool, message: str) -> None:
 class RecurrentConfig:
     """Fields common to the recurrent families; keys are reported as ``model.<field>``."""
 
-    # model family; each subclass fixes it
+    # model family: selects the config class and the model (urm_ray/models/registry.py)
     name: str = ""
     # residual stream width D
     hidden_size: int = 512
@@ -71,7 +71,7 @@ class RecurrentConfig:
     # ACT: probability that a row gets a random minimum of 2..max_segments segments (train only)
     halt_exploration_prob: float = 0.1
     # ACT: halt when q_halt > q_continue and learn q_continue from a bootstrapped target
-    # (HRM); False halts when q_halt > 0 and leaves q_continue untrained (URM, TRM)
+    # (HRM); false = halt when q_halt > 0 and leave q_continue untrained (URM, TRM)
     q_continue_target: bool = False
 
     def __post_init__(self) -> None:

@@ -29,11 +29,11 @@ class TransformerConfig(URMConfig):
     """Baseline hyperparameters; defaults match HRM's total depth (2 x 4 blocks) at width 512."""
 
     name: Literal["transformer"] = "transformer"  # type: ignore[assignment]
-    ffn: FFNKind = "swiglu"
+    ffn: FFNKind = "swiglu"  # MLP kind: plain SwiGLU (the baseline) or URM's ConvSwiGLU
     # blocks, each with its own weights, applied once
     num_layers: int = 8
-    loops: int = 1
-    truncation: int = 0
+    loops: int = 1  # passes of the block stack per segment: must be 1 (looping it is model.name: urm)
+    truncation: int = 0  # forward-only passes: 0, the one pass carries gradient
     # ACT: one segment, i.e. one forward pass per example
     max_segments: int = 1
     # one segment leaves no minimum number of segments to explore

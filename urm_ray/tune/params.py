@@ -30,11 +30,15 @@ MAX_GRID = 33  # integer values per parameter that validation tries
 class ParamSpec:
     """A parameter as written in a search-space YAML file."""
 
+    # how the value is drawn: int / float uniformly, log_int / log_float log-uniformly, or one of
+    # the choices
     type: Kind
-    low: Any = None  # number or expression string (numeric types)
-    high: Any = None
+    # lower bound (numeric types): a number, or an expression over earlier parameters and config
+    # values, e.g. "model.loops - 1"
+    low: Any = None
+    high: Any = None  # upper bound, inclusive (numeric types): a number or an expression, as low
     step: Optional[float] = None  # grid step (int, float); none for log types
-    choices: Optional[list] = None  # categorical only
+    choices: Optional[list] = None  # the values to choose from (categorical only)
 
 
 @dataclass(frozen=True)

@@ -54,17 +54,19 @@ REPORTED = (*EVALUATED, "train/")
 
 @dataclass
 class Objective:
+    """A metric the sweep optimises, and in which direction."""
+
     metric: str = "eval/exact_accuracy"  # a reported metric (eval/*, arc/*, train/*) or a derived one
-    mode: Literal["max", "min"] = "max"
+    mode: Literal["max", "min"] = "max"  # whether higher (max) or lower (min) is better
 
 
 @dataclass
 class Resources:
     """Per trial: Ray Train workers and their shares (GPU training when gpus_per_worker > 0)."""
 
-    workers: int = 1
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
+    workers: int = 1  # Ray Train workers per trial (its train.num_workers)
+    cpus_per_worker: float = 1.0  # CPUs each worker reserves (its train.cpus_per_worker)
+    gpus_per_worker: float = 0.0  # GPUs each worker reserves; 0 = trials train on CPU
     # custom Ray resources per worker (train.worker_resources), e.g. {"spot_gpu": 1} to keep
     # trials on the cluster's spot node types; concurrency is limited by what the cluster offers
     custom: dict = field(default_factory=dict)
@@ -74,15 +76,17 @@ class Resources:
 class Scheduler:
     """Early stopping, in training steps; rungs should fall on evaluation steps."""
 
-    name: Literal["asha", "median", "none"] = "asha"
+    name: Literal["asha", "median", "none"] = "asha"  # ASHA, the median-stopping rule, or no early stopping
     grace_steps: int = 0  # 0 = train.eval_every
     reduction_factor: float = 3.0  # ASHA only
 
 
 @dataclass
 class Search:
-    sampler: Literal["tpe", "random"] = "tpe"
-    seed: int = 0
+    """How Optuna proposes each trial's values."""
+
+    sampler: Literal["tpe", "random"] = "tpe"  # Optuna's TPE sampler, or uniform random draws
+    seed: int = 0  # the sampler's seed
     startup_trials: int = 8  # TPE: random trials before the model takes over
     # how a trial stopped early reaches Optuna: "pruned" (right), or "complete" with its early
     # value, as Ray's OptunaSearch does (kept to measure the difference: bench/sweep_efficiency.py)
@@ -93,8 +97,8 @@ class Search:
 class Final:
     """Defaults of ``urm-ray final``: top configs re-run over seeds, then the long run."""
 
-    top: int = 3
-    seeds: int = 3
+    top: int = 3  # best trials re-run
+    seeds: int = 3  # seeds each of them is re-run with
     overrides: dict = field(default_factory=dict)  # dotted keys for the final training run
 
 
@@ -103,13 +107,16 @@ class SpaceSpec:
     """The YAML schema of a search space."""
 
     base: str  # preset name or YAML path (relative to the space file)
-    params: dict  # dotted config key -> ParamSpec mapping, searched in this order
-    description: str = ""
+    # the searched parameters, by dotted config key, sampled in this order (a bound may read the
+    # parameters before it)
+    params: dict
+    description: str = ""  # what the space searches, in one line
     overrides: dict = field(default_factory=dict)  # fixed dotted-key changes to the base
-    objectives: list[Objective] = field(default_factory=lambda: [Objective()])  # first drives pruning
+    # the metrics optimised; the first drives early stopping (several make a Pareto front)
+    objectives: list[Objective] = field(default_factory=lambda: [Objective()])
     derived: dict = field(default_factory=dict)  # metric name -> expression over metrics and params
     start_from: list = field(default_factory=list)  # parameter dicts tried first (e.g. the paper's)
-    trials: int = 16
+    trials: int = 16  # trials the sweep runs in all
     concurrency: int = 0  # 0 = as many as the resources allow
     # times a failed trial (e.g. its node was preempted) restarts from its last checkpoint;
     # null = 2 when trials train on GPUs (spot nodes get reclaimed), else 0

@@ -89,7 +89,7 @@ def test_act_loss_terms() -> None:
     torch.testing.assert_close(metrics["lm_loss"], lm.float())
     assert metrics["count"] == 2  # row 2 has no targets
     torch.testing.assert_close(metrics["accuracy"], torch.tensor(1.0 + 0.5))
-    assert metrics["exact_accuracy"] == 1 and metrics["steps"] == 5
+    assert metrics["exact_accuracy"] == 1 and metrics["act_segments"] == 5
     assert metrics["q_halt_accuracy"] == 2  # q>=0 agrees with correctness on rows 0 and 1
     assert all(v.dtype == torch.float32 and not v.requires_grad for v in metrics.values())
 
@@ -98,7 +98,7 @@ def test_act_loss_metrics_only_cover_halted_rows() -> None:
     halted = torch.tensor([False, True, True])
     loss, metrics = act_loss(_outputs(), LABELS, halted, torch.tensor([2, 3, 4]))
     assert "q_continue_loss" not in metrics
-    assert metrics["count"] == 1 and metrics["exact_accuracy"] == 0 and metrics["steps"] == 3
+    assert metrics["count"] == 1 and metrics["exact_accuracy"] == 0 and metrics["act_segments"] == 3
     torch.testing.assert_close(loss, metrics["lm_loss"].double() + 0.5 * metrics["q_halt_loss"].double())
 
 

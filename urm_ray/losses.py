@@ -95,7 +95,8 @@ def _act_metrics(
         "accuracy": torch.where(counted, token_acc, 0).sum(),
         "exact_accuracy": (counted & seq_is_correct).sum(),
         "q_halt_accuracy": (counted & q_halt_right).sum(),
-        "steps": torch.where(counted, steps, 0).sum(),
+        # ACT segments each finished episode ran (train/act_segments: their mean over those episodes)
+        "act_segments": torch.where(counted, steps, 0).sum(),
     }
     return seq_is_correct, {k: v.to(torch.float32) for k, v in metrics.items()}
 
@@ -128,7 +129,7 @@ def act_loss(
 
     Returns (total loss scalar, metrics). Metrics are detached float32 sums over rows:
     `count`, `accuracy` (sum of per-row token accuracy), `exact_accuracy`, `q_halt_accuracy`,
-    `steps`, `lm_loss`, `q_halt_loss`, when the target is present `q_continue_loss`, and with
+    `act_segments`, `lm_loss`, `q_halt_loss`, when the target is present `q_continue_loss`, and with
     an `aux_loss` output `aux_loss` and `kl` (both summed over ALL rows, like the losses).
     """
     with torch.no_grad():

@@ -44,3 +44,18 @@ def ray_local():
     yield ray
     ray.shutdown()
     os.environ.pop("RAY_API_SERVER_ADDRESS", None)
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A private PostgreSQL server on 127.0.0.1 for the whole pytest session (tests/postgres.py:
+    its own port and data folder; as root, run as the ``postgres`` system user). Tests create
+    their own databases in it (``postgres_server.create_database(name)`` returns the URL)."""
+    from postgres import find_binaries, start_server
+
+    if find_binaries() is None:
+        pytest.skip("PostgreSQL is not installed: no initdb/postgres in /usr/lib/postgresql/*/bin "
+                    "or on PATH (apt-get install postgresql)")
+    server = start_server()
+    yield server
+    server.stop()

@@ -46,4 +46,7 @@ class SweepInfo:
 
 
 def storage(url: str) -> optuna.storages.RDBStorage:
-    return optuna.storages.RDBStorage(url)
+    # a database server may drop a pooled connection during an hours-long sweep (a restart, an
+    # idle timeout): checked before use, it is replaced instead of failing the next call
+    engine = {} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine)

@@ -36,7 +36,7 @@ from urm_ray.cluster import init_ray, scaled_up
 from urm_ray.data import builtin, stream
 from urm_ray.errors import ConfigError
 from urm_ray.tracking import KIND_TAG, SWEEP_TAG
-from urm_ray.tune import report
+from urm_ray.tune import databases, report
 from urm_ray.tune.fate import FateRecorder, record_interrupted
 from urm_ray.tune.info import INFO_FILE, SweepInfo, storage
 from urm_ray.tune.resources import Plan, plan, trial_bundles
@@ -73,6 +73,7 @@ def create_sweep(source: str, overrides: list[str], name: str = "", root: str = 
                           f"`urm-ray sweep --resume {name}` or choose another --name")
     uri = tracking.resolve_tracking_uri(space.base_config.tracking.tracking_uri)
     optuna_url = storage_url or f"sqlite:///{folder / 'optuna.db'}"
+    _check_databases(optuna_url, uri)
     _refuse_stale_name(name, uri, optuna_url)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "base_config.yaml").write_text(yaml.safe_dump(space.base, sort_keys=False))
@@ -111,7 +112,15 @@ def load_sweep(name: str, root: str = DEFAULT_ROOT) -> tuple[SweepInfo, SearchSp
         raise ConfigError(f"no sweep {name!r} in {folder.parent}; "
                           f"sweeps there: {', '.join(known) or 'none'}")
     info = SweepInfo(**json.loads((folder / INFO_FILE).read_text()))
+    _check_databases(info.storage, info.tracking_uri)
     return info, load_space(str(folder / "space.yaml"))
+
+
+def _check_databases(optuna_url: str, tracking_uri: str) -> None:
+    """A database server that is down or misnamed fails here, before Ray starts."""
+    databases.check_reachable(optuna_url, "the Optuna storage (--storage)")
+    databases.check_reachable(tracking_uri, "the MLflow tracking store (tracking.tracking_uri or "
+                                            "MLFLOW_TRACKING_URI)")
 
 
 def run_sweep(info: SweepInfo, space: SearchSpace, resume: bool = False,
@@ -224,7 +233,7 @@ def trial_dirname(trial: Any) -> str:
 
 def _tuner(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContext,
            resume: bool, callbacks: list[tune.Callback]) -> tune.Tuner:
-    trainable = tune.with_resources(partial(run_trial, ctx=ctx), {"cpu": the_plan.trial_cpus})
+    trainable = tune.with_resources(partial(run_trial, ctx=ctx), the_plan.trial_resources())
     path = str(info.path / "tune")
     if resume and tune.Tuner.can_restore(path):
         # with retries, a trial that failed (its node preempted) restarts from its checkpoint too
@@ -239,9 +248,13 @@ def _tuner(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContex
             search_alg=searcher, scheduler=make_scheduler(space), num_samples=space.spec.trials,
             max_concurrent_trials=the_plan.concurrency, trial_dirname_creator=trial_dirname,
             trial_name_creator=trial_dirname,
+            reuse_actors=True,  # a trial actor trains the next trial: no process start, no imports
         ),
         run_config=tune.RunConfig(
             name="tune", storage_path=str(info.path), verbose=0,
+            # one-worker trials checkpoint through Tune (``hosts.TrialHost``)
+            checkpoint_config=tune.CheckpointConfig(
+                num_to_keep=space.base_config.train.keep_checkpoints),
             # a failed trial restarts; its Ray Train run resumes from its latest checkpoint
             failure_config=tune.FailureConfig(max_failures=space.retries),
             callbacks=[FateRecorder(ctx, space.spec.scheduler.name),

@@ -1,0 +1,134 @@
+"""Sweeps on PostgreSQL: Optuna's storage and MLflow's backend in one real server (tests/postgres.py).
+
+- A database that cannot be reached (server down, database missing, ``postgres://`` spelling) fails
+  ``urm-ray sweep`` and ``--resume`` at once, before Ray starts, naming the URL without its password.
+- A 3-trial sweep (2 at a time) with ``--storage postgresql://...`` and
+  ``MLFLOW_TRACKING_URI=postgresql://...`` (two databases of the server) is interrupted with SIGINT
+  after its first finished trial, then ``urm-ray sweep --resume`` finishes it: Optuna's trials,
+  MLflow's nested runs and Tune's trials all number what was requested, the rows are in PostgreSQL
+  (no SQLite file in the sweep folder), and no run logged a metric step twice (slow).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+import ray
+import yaml
+from mlflow.tracking import MlflowClient
+from ray import tune
+
+from test_cluster import TINY_SPACE, free_port, write_tiny_sweep
+from test_tune_sweep import InterruptOnce
+from urm_ray.cli import main
+from urm_ray.tune.sweep import create_sweep, run_sweep
+
+SPACE = {**TINY_SPACE, "trials": 3, "concurrency": 2,
+         "resources": {"workers": 1, "cpus_per_worker": 0.5}}  # no custom resource: one local node
+
+
+def test_the_server_runs_unprivileged_and_holds_new_databases(postgres_server):
+    url = postgres_server.create_database("probe")
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT current_database()").fetchone() == ("probe",)
+    uid = next(int(line.split()[1]) for line in
+               Path(f"/proc/{postgres_server.process.pid}/status").read_text().splitlines()
+               if line.startswith("Uid:"))
+    assert uid != 0  # as root, the server runs as the postgres user (PostgreSQL refuses root)
+
+
+def test_an_unreachable_database_fails_the_sweep_before_ray_starts(postgres_server, tmp_path: Path,
+                                                                   capsys, monkeypatch):
+    was_up = ray.is_initialized()
+    monkeypatch.chdir(tmp_path)
+    root = str(tmp_path / "sweeps")
+    closed = f"postgresql://urm:s3cret@127.0.0.1:{free_port()}/optuna"  # nothing listens there
+    started = time.monotonic()
+    assert main(["sweep", "quickstart", "--storage", closed, "--dir", root]) == 2
+    err = capsys.readouterr().err
+    assert time.monotonic() - started < 15, "should fail at once, not after MLflow's retries"
+    assert f"the Optuna storage (--storage) {closed.replace('s3cret', '***')} cannot be reached" in err
+    assert "Connection refused" in err and "s3cret" not in err
+
+    missing = postgres_server.url("no_such_db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", missing)
+    assert main(["sweep", "quickstart", "--dir", root]) == 2
+    err = capsys.readouterr().err
+    assert f"the MLflow tracking store (tracking.tracking_uri or MLFLOW_TRACKING_URI) {missing}" in err
+    assert 'database "no_such_db" does not exist' in err and "createdb" in err
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgres://urm:s3cret@db.example/mlflow")
+    assert main(["sweep", "quickstart", "--dir", root]) == 2
+    err = capsys.readouterr().err
+    assert "write postgresql://urm:***@db.example/mlflow" in err and "s3cret" not in err
+    assert not Path(root).exists()  # nothing created for a sweep that cannot start
+
+    # --resume checks the URLs its sweep.json holds: the database server went away since
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    info, _ = create_sweep("quickstart", [], "gone", root)
+    record = json.loads((info.path / "sweep.json").read_text())
+    (info.path / "sweep.json").write_text(json.dumps({**record, "storage": closed}))
+    assert main(["sweep", "--resume", "gone", "--dir", root]) == 2
+    assert "the Optuna storage (--storage)" in capsys.readouterr().err
+    assert ray.is_initialized() == was_up
+
+
+@pytest.fixture(scope="module")
+def pg_sweep(ray_local, postgres_server, tmp_path_factory):
+    """Interrupted after its first finished trial (SIGINT), then resumed through the CLI."""
+    root = tmp_path_factory.mktemp("pg")
+    space_file, data = write_tiny_sweep(root, SPACE)
+    optuna_url = postgres_server.create_database("optuna")
+    mlflow_url = postgres_server.create_database("mlflow")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", mlflow_url)
+        patch.chdir(root)  # artifacts of a database store go to ./mlruns
+        info, space = create_sweep(str(space_file), [f"data.path={data}"], "pg", str(root / "sweeps"),
+                                   storage_url=optuna_url)
+        first = run_sweep(info, space, callbacks=[InterruptOnce(root / "interrupted")])
+        code = main(["sweep", "--resume", "pg", "--dir", str(root / "sweeps")])
+    return {"info": info, "first": first, "code": code, "optuna": optuna_url, "mlflow": mlflow_url}
+
+
+@pytest.mark.slow
+def test_a_sweep_on_postgresql_resumes_to_exactly_the_requested_trials(pg_sweep, capsys):
+    info = pg_sweep["info"]
+    assert info.storage == pg_sweep["optuna"] and info.tracking_uri == pg_sweep["mlflow"]
+    assert pg_sweep["first"].interrupted and pg_sweep["code"] == 0
+    trials = info.study().trials
+    assert [t.number for t in trials] == [0, 1, 2] and all(t.state.is_finished() for t in trials)
+    with psycopg.connect(pg_sweep["optuna"]) as conn:  # Optuna's own rows, in PostgreSQL
+        assert conn.execute("SELECT count(*) FROM trials").fetchone() == (3,)
+    assert not list(info.path.glob("*.db"))
+
+    client = MlflowClient(pg_sweep["mlflow"])
+    experiment = client.get_experiment_by_name(info.experiment)
+    children = client.search_runs([experiment.experiment_id],
+                                  f"tags.`mlflow.parentRunId` = '{info.parent_run_id}'")
+    assert sorted(r.info.run_name for r in children) == ["pg-t000", "pg-t001", "pg-t002"]
+    assert client.get_run(info.parent_run_id).info.status == "FINISHED"
+    with psycopg.connect(pg_sweep["mlflow"]) as conn:
+        assert conn.execute("SELECT count(*) FROM runs").fetchone() == (4,)  # parent + 3 trials
+
+    tune_trials = tune.ExperimentAnalysis(str(info.path / "tune")).trials
+    assert len(tune_trials) == 3 and {t.status for t in tune_trials} == {"TERMINATED"}
+
+
+@pytest.mark.slow
+def test_no_trial_run_logged_a_metric_step_twice(pg_sweep):
+    client = MlflowClient(pg_sweep["mlflow"])
+    info = pg_sweep["info"]
+    experiment = client.get_experiment_by_name(info.experiment)
+    logged = 0
+    for run in client.search_runs([experiment.experiment_id],
+                                  f"tags.`mlflow.parentRunId` = '{info.parent_run_id}'"):
+        for key in run.data.metrics:
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+            assert len(steps) == len(set(steps)), (run.info.run_name, key, sorted(steps))
+            logged += len(steps)
+    assert logged > 0

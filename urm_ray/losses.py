@@ -221,7 +221,6 @@ def _diag_gaussian_kl(mu_q: Tensor, logvar_q: Tensor, mu_p: Tensor, logvar_p: Te
 
 def gaussian_kl(
     mu_q: Tensor, logvar_q: Tensor, mu_p: Tensor, logvar_p: Tensor, balance: Optional[float] = None,
-    free_nats: float = 0.0,
 ) -> Tensor:
     """Per-row KL(q || p) [B] of diagonal Gaussians, summed over every non-batch axis.
 
@@ -231,20 +230,12 @@ def gaussian_kl(
         alpha * KL(sg(q) || p) + (1 - alpha) * KL(q || sg(p)),
     the same value, but a fraction alpha of the gradient trains the prior towards the
     posterior and only 1 - alpha pulls the posterior towards the prior (against collapse).
-    free_nats: a row whose KL is below it gets no gradient pulling the posterior towards the
-    prior ("free bits"; with balance, the prior's share still trains the prior). The value
-    returned is the true KL either way.
     """
     mu_q, logvar_q, mu_p, logvar_p = (t.to(torch.float32) for t in (mu_q, logvar_q, mu_p, logvar_p))
     if balance is None:
-        return _free(_diag_gaussian_kl(mu_q, logvar_q, mu_p, logvar_p).flatten(1).sum(-1), free_nats)
+        return _diag_gaussian_kl(mu_q, logvar_q, mu_p, logvar_p).flatten(1).sum(-1)
     if not 0.0 <= balance <= 1.0:
         raise ConfigError(f"kl balance={balance} must be in [0, 1]")
     to_prior = _diag_gaussian_kl(mu_q.detach(), logvar_q.detach(), mu_p, logvar_p).flatten(1).sum(-1)
     to_posterior = _diag_gaussian_kl(mu_q, logvar_q, mu_p.detach(), logvar_p.detach()).flatten(1).sum(-1)
-    return balance * to_prior + (1 - balance) * _free(to_posterior, free_nats)
-
-
-def _free(kl: Tensor, free_nats: float) -> Tensor:
-    """Per-row KL [B] with no gradient in the rows below ``free_nats`` (same values)."""
-    return kl if free_nats <= 0 else torch.where(kl < free_nats, kl.detach(), kl)
+    return balance * to_prior + (1 - balance) * to_posterior

@@ -7,7 +7,7 @@
 
 Every solution of the task (all 4 of 6x6 N-Queens, 92 of 8x8, 288 whole 4x4 Sudoku boards) is a
 label of the same blank input. Each arm trains the task's preset model (``--set`` overrides it)
-from the same seed with the trainer's own pieces (``act_loss`` with the verifier's Q-halt label,
+from the same seed with the training's own step (``train_step``: the verifier's Q-halt label,
 the preset's optimizer, lr schedule, gradient clip, EMA and KL schedule) on one process without
 Ray, and at every ``--eval-every`` steps draws ``--samples`` boards from the blank input with the
 EMA and the raw weights (``generate_unconditional``; with ``model.max_segments`` > 1 also each
@@ -36,9 +36,9 @@ from urm_ray.config import load_config
 from urm_ray.data.tasks.nqueens import solutions
 from urm_ray.data.tasks.sudoku import all_grids
 from urm_ray.data.tasks.verify import nearest_for, verifier_for
-from urm_ray.losses import act_loss
-from urm_ray.models.registry import TaskSpec, build_model
-from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
+from urm_ray.models.registry import TaskSpec
+from urm_ray.optim import EMA
+from urm_ray.train.step import Targets, build_state, train_step
 from urm_ray.train.evaluate import generate_unconditional
 
 # task -> (preset, verifier's task, every solution as token boards [S, L], vocabulary size)
@@ -66,38 +66,26 @@ def train_arm(task: str, weight: float, args: argparse.Namespace) -> dict[str, A
     boards = torch.from_numpy(np.asarray(boards_fn())).long()
     # the arm without the match also drops the match's other fields, which would only warn
     off = ["model.prior_match_start=0", "model.prior_match_targets=label"] if weight == 0 else []
-    cfg = load_config(preset, [*args.set, f"model.prior_match={weight}", *off])
+    cfg = load_config(preset, [*args.set, f"model.prior_match={weight}", *off, f"train.seed={args.seed}",
+                               f"train.steps={args.steps}", f"train.global_batch_size={args.batch}"])
     verify = verifier_for(verifier_task, boards.shape[1])
     search = nearest_for(verifier_task, boards.shape[1], vocab) if cfg.model.prior_match_targets == "nearest" else None
-    torch.manual_seed(args.seed)
-    model = build_model(cfg.model, TaskSpec(vocab_size=vocab, seq_len=boards.shape[1], num_puzzle_identifiers=1))
-    optimizers = build_optimizers(model, cfg.optim)
-    decays = args.ema_decays or [cfg.optim.ema_decay]
-    emas = {("ema" if d == cfg.optim.ema_decay else f"ema{d}"): EMA(model, d) for d in decays}
+    task = TaskSpec(vocab_size=vocab, seq_len=boards.shape[1], num_puzzle_identifiers=1)
+    state = build_state(cfg, task, torch.device("cpu"), targets=Targets(halt=verify, prior=search))
+    model = state.model
+    # the preset's decay is the training's own EMA; other decays are extra averages beside it
+    emas = {"ema": state.ema} | {f"ema{d}": EMA(model, d) for d in args.ema_decays or []
+                                 if d != cfg.optim.ema_decay}
     shadow = copy.deepcopy(model)
-    carry, curve, start = None, [], time.perf_counter()
+    curve, start = [], time.perf_counter()
     for step in range(1, args.steps + 1):
-        apply_scheduled_lr(optimizers, cfg.optim, step - 1, args.steps)
-        model.schedule(step - 1)
         drawn = boards[torch.randint(0, len(boards), (args.batch,))]
         batch = {"inputs": torch.ones_like(drawn), "labels": drawn,
                  "puzzle_identifiers": torch.zeros(args.batch, dtype=torch.long)}
-        carry = model.initial_carry(batch) if carry is None else carry
-        carry, outputs = model.train()(carry, batch)
-        inputs, labels = carry.current_data["inputs"], carry.current_data["labels"]  # rows not halted keep theirs
-        judged = outputs.get("halt_logits", outputs["logits"]).detach().argmax(-1)
-        targets = None
-        if search is not None and "prior_logits" in outputs:
-            targets = search(outputs["prior_logits"].detach().argmax(-1), inputs, labels)
-        loss, metrics = act_loss(outputs, labels, carry.halted, carry.steps, cfg.train.loss,
-                                 halt_target=verify(judged, inputs, labels), inputs=inputs, prior_targets=targets)
-        (loss / args.batch).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-        for optimizer in optimizers:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        for ema in emas.values():
-            ema.update(model)
+        metrics = train_step(state, batch)
+        for name, ema in emas.items():
+            if name != "ema":
+                ema.update(model)
         if step % args.eval_every == 0 or step == args.steps:
             point = {"step": step, "seconds": round(time.perf_counter() - start),
                      "kl": round(float(metrics["kl"]) / args.batch, 2)}

@@ -5,7 +5,7 @@
     python bench/throughput.py --preset c --modes eager            # one side only
     python bench/throughput.py --preset c --precisions fp32 bf16   # fp32 and bf16 autocast too
 
-A step is the trainer's own ``Trainer._step`` (ACT segment, backward, optimizers, EMA) on a random
+A step is the training's own ``train_step`` (ACT segment, backward, optimizers, EMA) on a random
 batch of global_batch_size / num_workers rows, in the precision training would use (bf16
 autocast on CUDA, fp32 on CPU, unless train.bf16 says otherwise) or in each of --precisions.
 Every side (eager or compiled, ``train.compile=true``, per precision) starts from the same
@@ -34,10 +34,9 @@ from torch.utils import flop_counter
 from urm_ray.config import RunConfig, load_config
 from urm_ray.data import builtin, stream
 from urm_ray.data.config import DataConfig
-from urm_ray.models.registry import TaskSpec, build_model
-from urm_ray.optim import EMA, build_optimizers
-from urm_ray.tracking import NullTracker
-from urm_ray.train.loop import Trainer, _threads, bf16_enabled
+from urm_ray.models.registry import TaskSpec
+from urm_ray.train.loop import torch_threads
+from urm_ray.train.step import bf16_enabled, build_state, train_step
 
 # FlopCounterMode (torch 2.13) counts 0 for CPU SDPA: each is one attention forward / backward.
 aten = torch.ops.aten
@@ -108,28 +107,25 @@ def random_batch(rows: int, task: TaskSpec, device: torch.device) -> dict[str, t
 
 
 class Side:
-    """One trainer (eager or compiled) and its carry, stepped in timed rounds."""
+    """One training state (eager or compiled), stepped in timed rounds."""
 
     def __init__(self, cfg: RunConfig, task: TaskSpec, device: torch.device, compiled: bool,
                  bf16: bool) -> None:
-        torch.manual_seed(cfg.train.seed)  # every side starts from the same weights
-        model = build_model(cfg.model, task).to(device)
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile=compiled, bf16=bf16))
         self.bf16 = bf16
-        ema = EMA(model, cfg.optim.ema_decay) if cfg.optim.ema else None
-        self.trainer = Trainer(cfg, model, model, ema, build_optimizers(model, cfg.optim),
-                               NullTracker(), device, 0, cfg.train.num_workers, task.seq_len)
-        self.batch = random_batch(self.trainer.local_batch, task, device)
-        self.carry, self.samples_per_s, self.peak_mem_mib = None, [], 0.0
+        # every side starts from the same weights (seeded by train.seed)
+        self.state = build_state(cfg, task, device, world=cfg.train.num_workers)
+        self.batch = random_batch(self.state.local_batch, task, device)
+        self.samples_per_s, self.peak_mem_mib = [], 0.0
 
     def steps(self, count: int) -> float:
         """Run ``count`` steps; seconds they took."""
-        device = self.trainer.device
+        device = self.state.device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
         for _ in range(count):
-            self.carry, _ = self.trainer._step(self.carry, self.batch)
+            train_step(self.state, self.batch)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             self.peak_mem_mib = max(self.peak_mem_mib, torch.cuda.max_memory_allocated(device) / 2**20)
@@ -139,20 +135,20 @@ class Side:
 def counted_flops(side: Side) -> int:
     """FLOPs of one eager step, counted (the trainer's own step: no drift from the real one)."""
     with flop_counter.FlopCounterMode(display=False, custom_mapping=FLOP_FIXES) as counter:
-        side.carry, _ = side.trainer._step(side.carry, side.batch)
+        train_step(side.state, side.batch)
     return counter.get_total_flops()
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg, device = load_config(args.config, args.overrides), torch.device(args.device)
-    torch.set_num_threads(args.threads or _threads(cfg))  # the trainer's rule when --threads is 0
+    torch.set_num_threads(args.threads or torch_threads(cfg.train))  # the trainer's rule when --threads is 0
     task = task_spec(cfg.data, args)
     precisions = args.precisions or [default_precision(cfg, device)]
     sides = {side_name(mode, precision, len(precisions)): Side(cfg, task, device, mode == "compiled",
                                                                precision == "bf16")
              for mode in args.modes for precision in precisions}
     first = next(iter(sides.values()))
-    rows = first.trainer.local_batch
+    rows = first.state.local_batch
     peak_before = {p: matmul_peak(device, p == "bf16") for p in precisions}
     eager = [side for name, side in sides.items() if name.startswith("eager")]
     flops = counted_flops(eager[0]) if eager else 0  # a compiled step is not counted
@@ -167,7 +163,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cpu_share = (time.process_time() - cpu) / busy / torch.get_num_threads()  # <1: machine busy
     # other processes' load varies over time
     peak = {p: max(peak_before[p], matmul_peak(device, p == "bf16")) for p in precisions}
-    model, tokens_per_row = first.trainer.model, first.trainer.model.prefix_len + task.seq_len
+    model, tokens_per_row = first.state.model, first.state.model.prefix_len + task.seq_len
     result: dict[str, Any] = {
         "config": " ".join([args.config, *args.overrides]), "device": str(device),
         "dtype": " ".join(precisions), "threads": torch.get_num_threads(),
@@ -200,7 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def default_precision(cfg: RunConfig, device: torch.device) -> str:
-    """The precision training would use (``Trainer``'s rule)."""
+    """The precision training would use (``bf16_enabled``)."""
     return "bf16" if bf16_enabled(device, cfg.train.bf16) else "fp32"
 
 

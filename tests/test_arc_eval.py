@@ -186,12 +186,12 @@ def test_in_run_pass_at_k_equals_urm_ray_eval_on_the_checkpoint(dataset, tmp_pat
     """The trainer's evaluation (EMA weights, train.eval_arc_views views) reports the pass@k that
     `urm-ray eval --augmentations K` reports on the checkpoint saved at that step."""
     from urm_ray.config import load_config
-    from urm_ray.data import stream
-    from urm_ray.models.registry import TaskSpec, build_model
-    from urm_ray.optim import EMA, build_optimizers
     from urm_ray.tracking import NullTracker
     from urm_ray.train import checkpoint, offline
-    from urm_ray.train.loop import Trainer
+    from urm_ray.train.hosts import ProcessHost
+    from urm_ray.train.live import Sender
+    from urm_ray.train.loop import Loop, task_spec
+    from urm_ray.train.step import build_state, evaluation_model, train_step
     from urm_ray.typed import to_dict
 
     cfg = load_config("sudoku4-urm", [
@@ -201,24 +201,19 @@ def test_in_run_pass_at_k_equals_urm_ray_eval_on_the_checkpoint(dataset, tmp_pat
         "train.global_batch_size=4", "train.eval_batch_size=5", "train.eval_arc_views=3",
         "train.compile=false"])
     meta = store.read_metadata(dataset)
-    task = TaskSpec(meta.vocab_size, meta.seq_len, stream.puzzle_table_size(meta, cfg.data))
-    torch.manual_seed(0)
-    model = build_model(cfg.model, task)
-    ema = EMA(model, cfg.optim.ema_decay)
-    optimizers = build_optimizers(model, cfg.optim)
-    trainer = Trainer(cfg, model, model, ema, optimizers, NullTracker(), torch.device("cpu"), 0, 1,
-                      meta.seq_len)
-    trainer.arc_views = cfg.train.eval_arc_views
+    state = build_state(cfg, task_spec(cfg, meta), torch.device("cpu"))
+    model, ema, optimizers = state.model, state.ema, state.optimizers
+    loop = Loop(state, ProcessHost({}, tmp_path / "run", 1), NullTracker(), Sender(),
+                arc_views=cfg.train.eval_arc_views)
     train = store.read_split(dataset, "train")
     batch = {"inputs": torch.from_numpy(train["inputs"][:4].astype(np.int32)),
              "labels": torch.from_numpy(train["labels"][:4].astype(np.int64)),
              "puzzle_identifiers": torch.from_numpy(train["puzzle_identifiers"][:4].astype(np.int32))}
-    carry = None
     for _ in range(2):  # the EMA now differs from the weights
-        carry, _ = trainer._step(carry, batch)
+        train_step(state, batch)
     weights = [p.detach().clone() for p in model.parameters()]
-    with trainer.evaluation_model() as evaluated:
-        in_run = trainer.arc_metrics(evaluated)
+    with evaluation_model(state) as evaluated:
+        in_run = loop.arc_metrics(evaluated)
     assert all(torch.equal(w, p) for w, p in zip(weights, model.parameters()))  # put back
     folder = tmp_path / "ckpt"
     folder.mkdir()

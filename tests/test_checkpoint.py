@@ -14,15 +14,17 @@ import torch
 
 from urm_ray.train import checkpoint
 from urm_ray.train.checkpoint import Position
+from urm_ray.train.step import train_step
 from urm_ray.typed import to_dict
 
 from tiny import batch, trainer
 
 
 def _train(tiny, carry, steps: range):
+    tiny.carry = carry
     for step in steps:
-        carry, _ = tiny._step(carry, batch(step))
-    return carry
+        train_step(tiny, batch(step))
+    return tiny.carry
 
 
 @pytest.mark.parametrize("family", ["urm", "gram"])
@@ -40,9 +42,9 @@ def test_resume_is_bit_exact(family: str, tmp_path: Path):
 
     resumed = trainer(family, False)
     torch.manual_seed(12345)
-    position, restored = checkpoint.restore(checkpoint.load_state(tmp_path), resumed.model, resumed.ema,
-                                            resumed.optimizers)
-    assert position.step == 3 and restored is not None
+    resumed.position, restored = checkpoint.restore(checkpoint.load_state(tmp_path), resumed.model,
+                                                    resumed.ema, resumed.optimizers)
+    assert resumed.position.step == 3 and restored is not None
     carry_resumed = _train(resumed, restored, range(3, 6))
     for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(p, q), name
@@ -52,7 +54,8 @@ def test_resume_is_bit_exact(family: str, tmp_path: Path):
         assert torch.equal(state, carry_resumed.state[name]), name
 
     fresh_rows = trainer(family, False)  # the same, but the rows in flight forgotten
-    checkpoint.restore(checkpoint.load_state(tmp_path), fresh_rows.model, fresh_rows.ema, fresh_rows.optimizers)
+    fresh_rows.position, _ = checkpoint.restore(checkpoint.load_state(tmp_path), fresh_rows.model,
+                                                fresh_rows.ema, fresh_rows.optimizers)
     _train(fresh_rows, None, range(3, 6))
     assert not all(torch.equal(p, q) for p, q in zip(straight.model.parameters(), fresh_rows.model.parameters()))
 

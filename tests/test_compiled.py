@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch._inductor.config
 from torch.overrides import TorchFunctionMode
 
 from urm_ray.train.compiled import compile_enabled
-from urm_ray.train.loop import Trainer, bf16_autocast
+from urm_ray.train.step import TrainState, autocast, bf16_autocast, train_step
 
 from tiny import FAMILIES, batch, trainer
 
@@ -25,11 +26,11 @@ def _assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, name: str, t
     assert error <= tol, f"{name}: relative error {error:.2e} > {tol:.0e}"
 
 
-def _loss_and_grads(trainer: Trainer, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
-    """The first step's forward and backward, as ``Trainer._step`` runs them, without the update."""
+def _loss_and_grads(trainer: TrainState, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """The first step's forward and backward, as ``train_step`` runs them, without the update."""
     torch.manual_seed(1)
     model = trainer.model.train()
-    with trainer._autocast():
+    with autocast(trainer):
         carry, outputs = model(model.initial_carry(batch), batch)
         loss, _ = trainer.loss_fn(outputs, carry.current_data["labels"], carry.halted, carry.steps,
                                   inputs=carry.current_data["inputs"])
@@ -39,13 +40,9 @@ def _loss_and_grads(trainer: Trainer, batch: dict[str, torch.Tensor]) -> tuple[t
     return loss.detach(), grads
 
 
-def _three_steps(tiny: Trainer) -> list[dict[str, torch.Tensor]]:
+def _three_steps(tiny: TrainState) -> list[dict[str, torch.Tensor]]:
     torch.manual_seed(2)  # ACT exploration and GRAM's noise draw the same numbers on both sides
-    carry, metrics = None, []
-    for step in range(3):
-        carry, step_metrics = tiny._step(carry, batch(step))
-        metrics.append(step_metrics)
-    return metrics
+    return [train_step(tiny, batch(step)) for step in range(3)]
 
 
 # every family, and GRAM with its prior match (a second, prior-guided pass and its matched loss)
@@ -129,10 +126,10 @@ class _HostReads(TorchFunctionMode):
 @pytest.mark.parametrize("family", ["urm", "gram"])
 def test_training_step_reads_nothing_back_to_the_host(family: str):
     tiny = trainer(family, False)
-    carry, _ = tiny._step(None, batch(0))  # first step: optimizer state is created
+    train_step(tiny, batch(0))  # first step: optimizer state is created
     with _HostReads() as reads:
         for step in range(1, 3):
-            carry, metrics = tiny._step(carry, batch(step))
+            metrics = train_step(tiny, batch(step))
     assert reads.calls == []
     assert all(value.device == tiny.device and value.dim() == 0 for value in metrics.values())
 
@@ -149,23 +146,27 @@ def test_a_diverging_step_is_flagged_on_the_device_and_stops_the_run():
     """lr = 1e6 blows the weights up within a few steps: the step flags it without a host read,
     and the check at the next report raises, naming the first bad step."""
     from urm_ray.errors import TrainingDiverged
-    from urm_ray.train.loop import _first_nonfinite
+    from urm_ray.train.hosts import ProcessHost
+    from urm_ray.train.live import Sender
+    from urm_ray.tracking import NullTracker
+    from urm_ray.train.loop import Loop, _first_nonfinite
 
     healthy = trainer("urm", False)
-    carry, metrics = healthy._step(None, batch(0))
+    metrics = train_step(healthy, batch(0))
     assert float(metrics["nonfinite"]) == 0.0
     diverging = trainer("urm", False)
     for optimizer in diverging.optimizers:
         for group in optimizer.param_groups:
-            group["lr"] = 1e6
-    first, carry = torch.full((), -1), None
+            group["base_lr"] = 1e6  # the schedule sets each step's lr from it
+    first = torch.full((), -1)
     for step in range(1, 9):
-        carry, metrics = diverging._step(carry, batch(step))
+        metrics = train_step(diverging, batch(step))
         first = _first_nonfinite(first, metrics["nonfinite"], step)
     assert 1 < int(first) <= 8
+    loop = Loop(diverging, ProcessHost({}, Path("unused"), 1), NullTracker(), Sender())
     with pytest.raises(TrainingDiverged, match=f"non-finite loss at step {int(first)}:"):
-        diverging._stop_if_diverged(first)
-    healthy._stop_if_diverged(torch.full((), -1))  # nothing seen: no error
+        loop._stop_if_diverged(first)
+    loop._stop_if_diverged(torch.full((), -1))  # nothing seen: no error
     wrapped = RuntimeError(f"Worker group failed:\n  File x\n{TrainingDiverged('non-finite loss at step 7: why')}\n")
     assert str(TrainingDiverged.find(wrapped)) == "non-finite loss at step 7: why"
     assert TrainingDiverged.find(RuntimeError("other")) is None

@@ -1,12 +1,12 @@
-"""A single-worker run in the driver's own process (``train.in_process``, Ray Train's local mode).
+"""A single-worker run in the command's own process (``train.in_process``, ``hosts.ProcessHost``).
 
 - ``auto`` picks it only where nothing else changes: one worker, no restarts, no custom worker
-  resources, local storage, no sweep callbacks, the private Ray instance this process started;
-  ``true`` where it cannot work is refused, naming the key;
-- Ray Train's local mode keeps no checkpoints, so the loop writes them itself: a run interrupted
-  at step 4 and resumed in-process ends with the weights of an uninterrupted 8-step run, bit for
-  bit, in the same MLflow run, keeping ``train.keep_checkpoints``; and a run begun in-process
-  resumes on Ray Train's worker path (``in_process=false``) to the same weights (slow).
+  resources, local storage, the private Ray instance this process started; ``true`` where it
+  cannot work is refused, naming the key;
+- the loop writes its checkpoints into the run's folder: a run interrupted at step 4 and resumed
+  in-process ends with the weights of an uninterrupted 8-step run, bit for bit, in the same MLflow
+  run, keeping ``train.keep_checkpoints``; and a run begun in-process resumes on Ray Train's
+  worker path (``in_process=false``) to the same weights (slow).
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ def test_auto_runs_in_process_only_where_nothing_else_changes(ray_local, tmp_pat
     for other in (["train.num_workers=2"], ["train.max_failures=1"], ["train.worker_resources={slot: 1}"],
                   ["train.storage_path=s3://bucket/runs"], ["train.in_process=false"]):
         assert not runs_in_process(_config(tmp_path, data, *other)), other
-    assert not runs_in_process(_config(tmp_path, data), callbacks=[object()])  # a sweep's trial
     monkeypatch.setattr(cluster, "_private_gcs", "127.0.0.1:1")  # a cluster this process joined
     assert not runs_in_process(_config(tmp_path, data))
     assert runs_in_process(_config(tmp_path, data, "train.in_process=true"))
@@ -59,11 +58,8 @@ def test_auto_runs_in_process_only_where_nothing_else_changes(ray_local, tmp_pat
 def test_in_process_true_where_it_cannot_work_is_refused(tmp_path: Path, data: Path):
     with pytest.raises(ConfigError, match="train.in_process=true.*num_workers=1 \\(got 2\\)"):
         _config(tmp_path, data, "train.in_process=true", "train.num_workers=2")
-    s3 = _config(tmp_path, data, "train.in_process=true", "train.storage_path=s3://bucket/runs")
-    with pytest.raises(ConfigError, match="local train.storage_path"):
-        runs_in_process(s3)
-    with pytest.raises(ConfigError, match="outside a sweep"):
-        runs_in_process(_config(tmp_path, data, "train.in_process=true"), callbacks=[object()])
+    with pytest.raises(ConfigError, match="local train.storage_path \\(got 's3://bucket/runs'\\)"):
+        _config(tmp_path, data, "train.in_process=true", "train.storage_path=s3://bucket/runs")
 
 
 def _weights(path: str) -> dict[str, torch.Tensor]:
@@ -94,10 +90,3 @@ def test_an_in_process_run_resumes_exactly_on_either_path(ray_local, tmp_path: P
     assert moved.metrics["step"] == 8
     for name, value in _weights(straight.checkpoint_path).items():
         assert torch.equal(_weights(moved.checkpoint_path)[name], value), name
-
-
-def test_in_process_the_driver_chooses_the_device():
-    """Ray Train's local mode would take any visible GPU; ``train.device=cpu`` must stay on the CPU."""
-    from urm_ray.train.loop import _device
-
-    assert _device({"in_process": True, "gpu": False}) == torch.device("cpu")

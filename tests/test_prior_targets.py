@@ -10,7 +10,7 @@ import torch
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import coloring
 from urm_ray.data.tasks.verify import verifier_for
-from urm_ray.train.loop import task_hooks
+from urm_ray.train.step import Targets, targets_for, train_step
 
 from tiny import batch, trainer
 
@@ -32,8 +32,8 @@ def test_nearest_targets_are_valid_colourings_and_labels_where_the_answer_is_one
     answers = torch.where(labels < 0, coloring.NO_EDGE_TOKEN, labels)
     answers[:8, 0] = coloring.COLOR0_TOKEN + (answers[:8, 0] - coloring.COLOR0_TOKEN + 1) % K  # node 0 recoloured
     assert not verify(answers, inputs, labels)[:8].all()
-    choose = lambda choice: task_hooks(  # noqa: E731
-        trainer("gram_urm", False, ("model.prior_match=1.0", f"model.prior_match_targets={choice}")).cfg, META)[1]
+    choose = lambda choice: targets_for(  # noqa: E731
+        trainer("gram_urm", False, ("model.prior_match=1.0", f"model.prior_match_targets={choice}")).cfg, META).prior
     assert choose("label") is None
     nearest = choose("nearest")(answers, inputs, labels)
     assert verify(nearest, inputs, labels).all()
@@ -46,20 +46,19 @@ def test_the_step_trains_the_prior_decode_towards_the_search_targets():
     decode itself, every prior decode equals its target (prior_exact = all rows)."""
     counts = {}
     for name, search in (("labels", None), ("own decode", lambda answers, inputs, labels: answers)):
-        tiny = trainer("gram_urm", False, ("model.prior_match=1.0",))
-        tiny.prior_targets = search
+        tiny = trainer("gram_urm", False, ("model.prior_match=1.0",), Targets(prior=search))
         torch.manual_seed(3)
-        _, metrics = tiny._step(None, batch(0))
+        metrics = train_step(tiny, batch(0))
         counts[name] = int(metrics["prior_exact"])
     assert counts == {"labels": 0, "own decode": 8}
 
 
 def test_label_targets_nearest_asks_the_task_for_its_search():
-    hooks = lambda choice: task_hooks(trainer("urm", False, (f"train.label_targets={choice}",)).cfg, META)  # noqa: E731
-    assert hooks("label") == (None, None)
+    hooks = lambda choice: targets_for(trainer("urm", False, (f"train.label_targets={choice}",)).cfg, META)  # noqa: E731
+    assert hooks("label") == Targets()
     inputs, labels = _graphs(4)
     answers = torch.where(labels < 0, coloring.NO_EDGE_TOKEN, labels)
-    assert torch.equal(hooks("nearest")[1](answers, inputs, labels), labels)  # valid answers are their own target
+    assert torch.equal(hooks("nearest").labels(answers, inputs, labels), labels)  # valid answers are their own target
 
 
 def test_the_step_trains_the_answer_decode_towards_the_label_targets():
@@ -68,9 +67,8 @@ def test_the_step_trains_the_answer_decode_towards_the_label_targets():
     losses = {}
     for name, search in (("labels", None), ("own decode", lambda answers, inputs, labels: torch.where(
             labels < 0, labels, answers))):
-        tiny = trainer("urm", False)
-        tiny.label_targets = search
+        tiny = trainer("urm", False, targets=Targets(labels=search))
         torch.manual_seed(3)
-        _, metrics = tiny._step(None, batch(0))
+        metrics = train_step(tiny, batch(0))
         losses[name] = float(metrics["lm_loss"])
     assert losses["own decode"] < losses["labels"]

@@ -5,55 +5,57 @@ SplitCoordinator's epoch would run on until then)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from urm_ray.train.checkpoint import Position
+from urm_ray.tracking import NullTracker
+from urm_ray.train.hosts import ProcessHost
+from urm_ray.train.live import Sender
+from urm_ray.train.loop import Loop
 
 from tiny import batch, trainer
 
 
-class Batches:
-    """Stands in for ``Trainer._batches``: endless tiny batches; records whether it was closed."""
+class Rows:
+    """A data source in place of a Ray Dataset: endless tiny batches, failing after ``fail_after``
+    of them; records whether its iterator was closed."""
 
-    def __init__(self) -> None:
-        self.closed = False
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.closed, self.fail_after = False, fail_after
 
-    def __call__(self, position: Position):
+    def iter_torch_batches(self, **_: Any):
         try:
             seed = 0
             while True:
+                if seed == self.fail_after:
+                    raise RuntimeError("the worker is going down")
                 yield batch(seed)
                 seed += 1
         finally:
             self.closed = True
 
 
-def _tiny(steps: int):
+def _loop(steps: int, rows: Rows, tmp_path: Path) -> Loop:
     tiny = trainer("urm", False)
-    tiny.cfg = replace(tiny.cfg, train=replace(tiny.cfg.train, steps=steps))
-    tiny._batches = Batches()
-    tiny._report = lambda position, metrics, carry: None  # no Ray Train session here
-    return tiny
+    tiny.cfg = replace(tiny.cfg, train=replace(tiny.cfg.train, steps=steps, log_every=100,
+                                               eval_every=0, checkpoint_every=0))
+    loop = Loop(tiny, ProcessHost({"train": rows}, tmp_path, 1), NullTracker(), Sender())
+    loop._report = lambda metrics: None  # the last step's evaluation reads no held-out split here
+    return loop
 
 
-def test_the_epoch_iterator_is_closed_when_training_ends():
-    tiny = _tiny(steps=2)
-    tiny.run(Position())
-    assert tiny._batches.closed
+def test_the_epoch_iterator_is_closed_when_training_ends(tmp_path: Path):
+    rows = Rows()
+    loop = _loop(2, rows, tmp_path)
+    loop.run()
+    assert rows.closed and loop.state.position.step == 2
 
 
-def test_the_epoch_iterator_is_closed_when_a_step_fails():
-    tiny = _tiny(steps=5)
-    steps = [tiny._step]  # the first step trains, the second fails
-
-    def step(carry, batch):
-        if not steps:
-            raise RuntimeError("the worker is going down")
-        return steps.pop()(carry, batch)
-
-    tiny._step = step
+def test_the_epoch_iterator_is_closed_when_a_step_fails(tmp_path: Path):
+    rows = Rows(fail_after=1)  # the first step trains, the second batch fails
     with pytest.raises(RuntimeError, match="going down") as raised:
-        tiny.run(Position())
+        _loop(5, rows, tmp_path).run()
     # the traceback (kept by ``raised``) still holds run's frame: only an explicit close ran
-    assert raised.traceback and tiny._batches.closed
+    assert raised.traceback and rows.closed

@@ -1,14 +1,12 @@
-"""Tiny trainers of every family, for the tests of the training step and of checkpoints."""
+"""Tiny training states of every family, for the tests of the training step and of checkpoints."""
 
 from __future__ import annotations
 
 import torch
 
 from urm_ray.config import load_config
-from urm_ray.models.registry import TaskSpec, build_model
-from urm_ray.optim import EMA, build_optimizers
-from urm_ray.tracking import NullTracker
-from urm_ray.train.loop import Trainer
+from urm_ray.models.registry import TaskSpec
+from urm_ray.train.step import Targets, TrainState, build_state
 
 TASK = TaskSpec(vocab_size=6, seq_len=16, num_puzzle_identifiers=5)
 SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.expansion=1.0", "train.global_batch_size=8",
@@ -24,14 +22,11 @@ FAMILIES = {
 }
 
 
-def trainer(family: str, compiled: bool, extra: tuple[str, ...] = ()) -> Trainer:
+def trainer(family: str, compiled: bool, extra: tuple[str, ...] = (),
+            targets: Targets = Targets()) -> TrainState:
     overrides = [*SMALL, *FAMILIES[family], f"train.compile={str(compiled).lower()}", *extra]
     cfg = load_config(f"sudoku4-{family.replace('_', '-')}", overrides)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, TASK)
-    ema = EMA(model, cfg.optim.ema_decay)
-    return Trainer(cfg, model, model, ema, build_optimizers(model, cfg.optim), NullTracker(),
-                   torch.device("cpu"), 0, 1, TASK.seq_len)
+    return build_state(cfg, TASK, torch.device("cpu"), targets=targets)
 
 
 def batch(seed: int) -> dict[str, torch.Tensor]:

@@ -79,6 +79,10 @@ class ACTModel(nn.Module):
     def segment(self, state: State, data: Batch) -> tuple[State, dict[str, Tensor]]:
         raise NotImplementedError
 
+    def schedule(self, step: int) -> None:
+        """Sets what depends on the training step (the training step calls it before each
+        segment); a model with nothing scheduled keeps this no-op."""
+
     def initial_carry(self, batch: Batch) -> ACTCarry:
         """A carry with every row halted, so that the first call starts each row afresh."""
         inputs = batch["inputs"]

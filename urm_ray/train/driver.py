@@ -38,12 +38,14 @@ from urm_ray.config import RunConfig, dump_yaml, flatten
 from urm_ray.data import builtin, store, stream
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import registry
-from urm_ray.errors import ConfigError, DataError, TrainingDiverged, TrainingFailed
+from urm_ray.errors import ConfigError, DataError, Interrupted, TrainingDiverged, TrainingFailed
 from urm_ray.progress import Progress
-from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, REASON_TAG
+from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, REASON_TAG, make_tracker
 from urm_ray.train.checkpoint import latest_local
-from urm_ray.train.live import Direct, watching
-from urm_ray.train.loop import task_hooks, train_loop_per_worker
+from urm_ray.train.hosts import ProcessHost, TrialHost, TuneFilter
+from urm_ray.train.live import Direct, Sender, watching
+from urm_ray.train.loop import run_loop, train_loop_per_worker
+from urm_ray.train.step import targets_for
 from urm_ray.typed import to_dict
 
 logger = logging.getLogger(__name__)
@@ -130,59 +132,44 @@ def check_resources(cfg: RunConfig, gpu: bool) -> None:
         )
 
 
-def runs_in_process(cfg: RunConfig, callbacks: list[Any] | None = None) -> bool:
-    """Whether the run's one worker runs in this process (``train.in_process``, see TrainConfig).
-    ``callbacks`` (a sweep's trial reporting to Tune) need Ray Train's controller."""
+def runs_in_process(cfg: RunConfig) -> bool:
+    """Where the loop of a run outside a sweep runs (``train.in_process``; auto: in this process
+    when nothing else changes: one worker, no worker-group restarts, no custom worker resources,
+    local storage, and Ray is this process's private local instance, one machine)."""
     if cfg.train.in_process == "auto":
-        return _alone(cfg, callbacks) and on_private_instance()
-    if cfg.train.in_process and ("://" in cfg.train.storage_path or callbacks):
-        raise ConfigError(f"train.in_process=true keeps checkpoints in a local folder and reports to "
-                          f"no sweep: it needs a local train.storage_path (got {cfg.train.storage_path!r})"
-                          " and a run outside a sweep; use auto or false")
+        return _alone(cfg) and on_private_instance()
     return cfg.train.in_process
 
 
-def _alone(cfg: RunConfig, callbacks: list[Any] | None) -> bool:
-    """A run whose one worker may train in the driver's process, if Ray runs on this machine only:
-    ``train.in_process`` true, or auto with one worker, no restarts, no custom worker resources,
-    local storage and no sweep callbacks."""
-    if cfg.train.in_process != "auto":
-        return bool(cfg.train.in_process)
-    return (cfg.train.num_workers == 1 and not cfg.train.max_failures and not callbacks
+def _alone(cfg: RunConfig) -> bool:
+    return (cfg.train.num_workers == 1 and not cfg.train.max_failures
             and not cfg.train.worker_resources and "://" not in cfg.train.storage_path)
 
 
-def build_trainer(
-    cfg: RunConfig, run_id: str | None, gpu: bool, callbacks: list[Any] | None = None,
-    inbox: Any = None, in_process: bool = False,
-) -> TorchTrainer:
-    """``callbacks``: Ray Train ``UserCallback``s, e.g. Tune's ``TuneReportCallback`` in a sweep;
-    ``inbox``: where rank 0 sends its progress (``live.watching``), None: nowhere; ``in_process``:
-    run the one worker in this process (Ray Train's local mode, ``num_workers=0``)."""
+def datasets(cfg: RunConfig) -> dict[str, Any]:
+    """The run's Ray Datasets: "train" (augmented on the fly) and "eval" (held-out originals)."""
+    eval_ds = stream.eval_dataset(cfg.data)
+    if cfg.train.eval_max_rows:
+        eval_ds = eval_ds.limit(cfg.train.eval_max_rows)
+    return {"train": stream.train_dataset(cfg.data), "eval": eval_ds}
+
+
+def build_trainer(cfg: RunConfig, run_id: str | None, gpu: bool, callbacks: list[Any] | None = None,
+                  inbox: Any = None) -> TorchTrainer:
+    """Ray Train's workers for the loop. ``callbacks``: Ray Train ``UserCallback``s, e.g. Tune's
+    ``TuneReportCallback`` in a sweep; ``inbox``: where rank 0 sends its progress
+    (``live.watching``), None: nowhere."""
     resources = {"CPU": cfg.train.cpus_per_worker, **cfg.train.worker_resources}
     if gpu:
         resources["GPU"] = cfg.train.gpus_per_worker
     ray_train_defaults()
-    eval_ds = stream.eval_dataset(cfg.data)
-    if cfg.train.eval_max_rows:
-        eval_ds = eval_ds.limit(cfg.train.eval_max_rows)
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={
-            "config": to_dict(cfg),
-            "run_id": run_id or "",
-            "tracking_uri": cfg.tracking.tracking_uri,
-            "progress": inbox,
-            "run_folder": "" if "://" in cfg.train.storage_path else str(
-                Path(cfg.train.storage_path) / cfg.train.run_name),
-            "in_process": in_process,
-            "gpu": gpu,
-        },
+        train_loop_config={"config": to_dict(cfg), "run_id": run_id or "",
+                           "tracking_uri": cfg.tracking.tracking_uri, "progress": inbox},
         torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=0 if in_process else cfg.train.num_workers, use_gpu=gpu and not in_process,
-            resources_per_worker=None if in_process else resources,
-        ),
+        scaling_config=ray.train.ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=gpu,
+                                               resources_per_worker=resources),
         run_config=ray.train.RunConfig(
             name=cfg.train.run_name,
             storage_path=cfg.train.storage_path,
@@ -190,12 +177,29 @@ def build_trainer(
             failure_config=ray.train.FailureConfig(max_failures=cfg.train.max_failures),
             callbacks=callbacks or [],
         ),
-        datasets={"train": stream.train_dataset(cfg.data), "eval": eval_ds},
+        datasets=datasets(cfg),
         # only "train" is split: Ray's equal split drops the rows that do not divide by the
-        # worker count, so each rank reads all of "eval" and scores its share (`Trainer._evaluate`)
+        # worker count, so each rank reads all of "eval" and scores its share (`Loop._evaluate`)
         dataset_config=ray.train.DataConfig(datasets_to_split=["train"],
                                             execution_options=stream.ingest_options()),
     )
+
+
+def prepare(cfg: RunConfig) -> tuple[RunConfig, DatasetMeta]:
+    """The resolved config and its dataset's metadata, every check that needs no Ray done: a
+    missing or malformed dataset, a verifier or search the task lacks, unwritable storage."""
+    logger.info("reading data %s", cfg.data.path)  # a builtin: dataset is built on first use
+    cfg = resolve(cfg)
+    meta = stream.load_meta(cfg.data)
+    stream.warn_unused(cfg.data, meta)
+    if cfg.train.eval_arc_views and not registry.of(meta).versioned:
+        warnings.warn(f"train.eval_arc_views={cfg.train.eval_arc_views} has no effect on {meta.task} "
+                      "data: pass@k by voting over augmented views is for ARC", stacklevel=3)
+    logger.info("data: %s", ", ".join(f"{name} {split.num_rows} rows"
+                                      for name, split in meta.splits.items()))
+    targets_for(cfg, meta)
+    check_storage(cfg.train.storage_path)
+    return cfg, meta
 
 
 def fit(
@@ -210,27 +214,18 @@ def fit(
     """Train (or resume) one run; returns its final metrics and checkpoint path.
 
     ``tags`` and ``params`` are added to the MLflow run (a sweep passes the parent run id and the
-    sampled values); ``callbacks`` go to Ray Train's ``RunConfig``. ``scale_up_s`` > 0: first ask
-    the autoscaler for the workers (GPUs unless ``train.device=cpu``) and wait that long for them.
+    sampled values); ``callbacks`` go to Ray Train's ``RunConfig`` (a sweep's trial on several
+    workers), and put the loop in Ray Train's workers. ``scale_up_s`` > 0: first ask the
+    autoscaler for the workers (GPUs unless ``train.device=cpu``) and wait that long for them.
     Ray is started (or joined, with $RAY_ADDRESS) here unless the caller did; ``verbose`` shows
     its output. ``progress``: shows the steps while training and then the last phases (the final
     evaluation, the checkpoint saved and uploaded); its owner closes it once this returns (None:
-    nothing is shown, as in a sweep's trials). The setup phases are logged at INFO.
+    nothing is shown). The setup phases are logged at INFO.
     """
-    logger.info("reading data %s", cfg.data.path)  # a builtin: dataset is built on first use
-    cfg = resolve(cfg)
-    meta = stream.load_meta(cfg.data)  # a missing or malformed dataset fails here, before Ray starts
-    stream.warn_unused(cfg.data, meta)
-    if cfg.train.eval_arc_views and not registry.of(meta).versioned:
-        warnings.warn(f"train.eval_arc_views={cfg.train.eval_arc_views} has no effect on {meta.task} "
-                      "data: pass@k by voting over augmented views is for ARC", stacklevel=2)
-    logger.info("data: %s", ", ".join(f"{name} {split.num_rows} rows"
-                                      for name, split in meta.splits.items()))
-    task_hooks(cfg, meta)  # a verifier or search the task lacks fails here, before Ray starts
-    check_storage(cfg.train.storage_path)
+    cfg, meta = prepare(cfg)
     with tracking.store_opening(cfg.tracking.tracking_uri) if cfg.tracking.enabled else nullcontext():
         if not ray.is_initialized():  # a run that will train in this process needs no dashboard
-            init_ray(verbose=verbose, dashboard=not _alone(cfg, callbacks))
+            init_ray(verbose=verbose, dashboard=bool(callbacks) or not _alone(cfg))
     with scaled_up(worker_bundles(cfg), scale_up_s):
         return _fit(cfg, meta, tags, callbacks, params, progress)
 
@@ -249,45 +244,67 @@ def _fit(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None,
     if not gpu:
         cfg.train.warn_unused_on_cpu(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     check_resources(cfg, gpu)
-    in_process = runs_in_process(cfg, callbacks)
+    here = not callbacks and runs_in_process(cfg)
     run_id = open_mlflow_run(cfg, meta, tags, params)
     logger.info("starting %d Ray Train worker(s) (%s)%s for run %s", cfg.train.num_workers,
-                "GPU" if gpu else "CPU", " in this process" if in_process else "", cfg.train.run_name)
+                "GPU" if gpu else "CPU", " in this process" if here else "", cfg.train.run_name)
     try:
-        with (_noting_sigint() as interrupted, _watched(progress, in_process) as inbox,
-              heartbeat.beating(cfg.tracking.tracking_uri, run_id), _torch_threads_kept()):
-            result = build_trainer(cfg, run_id, gpu, callbacks, inbox, in_process).fit()
+        with _noting_sigint() as interrupted, heartbeat.beating(cfg.tracking.tracking_uri, run_id):
+            if here:
+                metrics, ckpt = _train_here(cfg, meta, run_id, gpu, progress)
+            else:
+                with _watched(progress) as inbox:
+                    result = build_trainer(cfg, run_id, gpu, callbacks, inbox).fit()
+                metrics, ckpt = dict(result.metrics or {}), result.checkpoint
     except BaseException as err:
         diverged = _record_failure(cfg, run_id, err, interrupted())
         if diverged is not None:  # the reason in one line, not Ray's worker traceback
             raise diverged from None
+        if interrupted() or isinstance(err, KeyboardInterrupt):  # Ray Train aborted on Ctrl-C
+            raise Interrupted() from None  # the resume hint is logged: no traceback under it
         if isinstance(err, WorkerGroupError) and err.worker_failures:
             raise TrainingFailed.from_workers(err.worker_failures) from None
-        if in_process and isinstance(err, Exception) and not isinstance(err, (ConfigError, DataError)):
+        if here and isinstance(err, Exception) and not isinstance(err, (ConfigError, DataError)):
             raise TrainingFailed.from_workers({0: err}) from err  # as a worker's failure reads
         raise
-    ckpt_path = checkpoint_uri(result.checkpoint)
     if run_id:
-        _finish_mlflow(cfg, run_id, result.checkpoint, progress)
-    return FitResult(cfg.train.run_name, dict(result.metrics or {}), ckpt_path, run_id)
+        _finish_mlflow(cfg, run_id, ckpt, progress)
+    return FitResult(cfg.train.run_name, metrics, checkpoint_uri(ckpt), run_id)
 
 
-@contextmanager
-def _torch_threads_kept() -> Iterator[None]:
-    """A loop run in this process sets torch's thread count for its worker; the caller's comes back."""
-    threads = torch.get_num_threads()
+def _train_here(cfg: RunConfig, meta: DatasetMeta, run_id: str | None, gpu: bool,
+                progress: Progress | None) -> tuple[dict[str, Any], ray.train.Checkpoint | None]:
+    """The loop in this process; returns the metrics reported with the last checkpoint, and it."""
+    host = ProcessHost(datasets(cfg), Path(cfg.train.storage_path) / cfg.train.run_name,
+                       cfg.train.keep_checkpoints)
+    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    sender = Sender(None if progress is None else Direct(progress))
+    run_loop(cfg, meta, host, device, make_tracker(cfg.tracking.tracking_uri, run_id or "", True), sender)
+    return host.metrics, None if host.latest is None else ray.train.Checkpoint(str(host.latest))
+
+
+def fit_in_trial(cfg: RunConfig, tags: dict[str, str], params: dict[str, Any], to_tune: TuneFilter) -> None:
+    """A sweep's one-worker trial, trained in its Tune trial actor through the same loop: it
+    reports to Tune and checkpoints through ``tune.report``; Tune retries and resumes it."""
+    cfg, meta = prepare(cfg)
+    run_id = open_mlflow_run(cfg, meta, tags, params)
+    host = TrialHost(datasets(cfg), to_tune)
+    device = torch.device("cuda", 0) if cfg.train.device == "cuda" else torch.device("cpu")
     try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+        with heartbeat.beating(cfg.tracking.tracking_uri, run_id):
+            run_loop(cfg, meta, host, device, make_tracker(cfg.tracking.tracking_uri, run_id or "", True))
+    except BaseException as err:
+        diverged = _record_failure(cfg, run_id, err, interrupted=False)
+        if diverged is not None:
+            raise diverged from None
+        raise
+    if run_id:
+        _finish_mlflow(cfg, run_id, host.latest(), None)
 
 
-def _watched(progress: Progress | None, in_process: bool) -> Any:
-    """``live.watching(progress)``, the progress itself for a loop in this process, or no inbox
-    at all when nobody watches."""
-    if progress is None:
-        return nullcontext(None)
-    return nullcontext(Direct(progress)) if in_process else watching(progress)
+def _watched(progress: Progress | None) -> Any:
+    """``live.watching(progress)``, or no inbox at all when nobody watches."""
+    return nullcontext(None) if progress is None else watching(progress)
 
 
 def _record_failure(cfg: RunConfig, run_id: str | None, err: BaseException,

@@ -118,11 +118,16 @@ def _seed_config(info: SweepInfo, space: SearchSpace, trial: FrozenTrial, seed: 
 
 def _seed_run(config: dict[str, Any], runs: dict[str, tuple[int, dict[str, Any]]],
               tags: dict[str, str], metric: str) -> None:
-    """Tune trainable: one (candidate, seed) run, reporting its final metric."""
-    from urm_ray.train.driver import fit
+    """Tune trainable: one (candidate, seed) run, reporting its final metric (a one-worker run
+    trains in the trial actor and reports each evaluation)."""
+    from urm_ray.train.driver import fit, fit_in_trial
 
     number, data = runs[config["run"]]
-    result = fit(build_config(data), tags={**tags, TRIAL_TAG: str(number)})
+    cfg, tags = build_config(data), {**tags, TRIAL_TAG: str(number)}
+    if cfg.train.num_workers == 1:
+        fit_in_trial(cfg, tags, {}, lambda metrics: {metric: metrics[metric]} if metric in metrics else None)
+        return
+    result = fit(cfg, tags=tags)
     ray.tune.report({metric: result.metrics.get(metric, float("nan"))})
 
 
@@ -145,7 +150,7 @@ def _reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTria
                         tags={tracking.PARENT_TAG: parent, KIND_TAG: "seed", SWEEP_TAG: info.name},
                         metric=space.metric)
     grid = tune.Tuner(
-        tune.with_resources(trainable, {"cpu": the_plan.trial_cpus}),
+        tune.with_resources(trainable, the_plan.trial_resources()),
         param_space={"run": tune.grid_search(list(runs))},
         tune_config=tune.TuneConfig(max_concurrent_trials=the_plan.concurrency),
         run_config=tune.RunConfig(name="final-seeds", storage_path=str(info.path), verbose=0,

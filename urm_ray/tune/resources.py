@@ -1,13 +1,16 @@
 """Resource plan of a sweep: CPU/GPU shares of trials, workers and Ray Data, and concurrency.
 
-Each trial is a Tune function actor (it only waits on its Ray Train controller, so it gets a
-small CPU share) plus ``workers`` Ray Train workers. Ray Data's map tasks ask for one whole CPU
-each (Ray's default) and run between worker steps, so one CPU (``DATA_CPUS``) is kept out of the
-trials' reach; without it the workers hold every CPU, the data tasks wait, and the sweep hangs.
-So, with C CPUs and G GPUs:
+A one-worker trial trains in its Tune trial actor, which holds the worker's resources. A trial
+of several workers is a Tune actor that only waits on its Ray Train controller (a small CPU
+share, ``TRIAL_CPUS``) plus ``workers`` Ray Train workers. Ray Data's map tasks ask for one whole
+CPU each (Ray's default) and run between worker steps, so one CPU (``DATA_CPUS``) is kept out of
+the trials' reach; without it the trials hold every CPU, the data tasks wait, and the sweep
+hangs. So, with C CPUs and G GPUs:
 
-    concurrency * (TRIAL_CPUS + workers * cpus_per_worker) <= C - DATA_CPUS
-    concurrency * workers * gpus_per_worker                <= G
+    concurrency * trial CPUs                 <= C - DATA_CPUS
+    concurrency * workers * gpus_per_worker  <= G
+
+where a trial's CPUs are cpus_per_worker (one worker) or TRIAL_CPUS + workers * cpus_per_worker.
 
 A space whose single trial does not fit fails here, saying what is missing.
 """
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from ray import tune
 
 from urm_ray.errors import ConfigError
 from urm_ray.tune.space import Resources
@@ -39,7 +44,17 @@ class Plan:
 
     @property
     def trial_total_cpus(self) -> float:
-        return self.trial_cpus + self.workers * self.cpus_per_worker
+        return trial_cpus(self.workers, self.cpus_per_worker)
+
+    def trial_resources(self) -> tune.PlacementGroupFactory:
+        """What Tune reserves for one trial: the worker itself (one worker, trained in the trial
+        actor), or the trial actor and its Ray Train workers (placed by Ray Train)."""
+        if self.workers == 1:
+            bundle = {"CPU": self.cpus_per_worker, **dict(self.custom)}
+            if self.gpus_per_worker:
+                bundle["GPU"] = self.gpus_per_worker
+            return tune.PlacementGroupFactory([bundle])
+        return tune.PlacementGroupFactory([{"CPU": TRIAL_CPUS}])
 
     def train_overrides(self) -> dict[str, object]:
         """Dotted config keys every trial gets from the plan (each one ``is_resource_key``)."""
@@ -54,15 +69,17 @@ class Plan:
 
     def describe(self, cluster: dict[str, float]) -> str:
         gpu = f", {self.workers * self.gpus_per_worker:g} GPU" if self.gpus_per_worker else ""
-        return (f"{self.concurrency} concurrent trial(s), each {self.trial_cpus:g} CPU (trial) + "
-                f"{self.workers} worker(s) x {self.cpus_per_worker:g} CPU{gpu}; {DATA_CPUS:g} CPU "
-                f"left for Ray Data; cluster: {cluster.get('CPU', 0):g} CPU, {cluster.get('GPU', 0):g} GPU")
+        where = ("trained in the trial actor" if self.workers == 1
+                 else f"+ {self.trial_cpus:g} CPU for the trial actor")
+        return (f"{self.concurrency} concurrent trial(s), each {self.workers} worker(s) x "
+                f"{self.cpus_per_worker:g} CPU{gpu} ({where}); {DATA_CPUS:g} CPU left for Ray Data; "
+                f"cluster: {cluster.get('CPU', 0):g} CPU, {cluster.get('GPU', 0):g} GPU")
 
 
 def plan(cluster: dict[str, float], res: Resources, requested: int, trials: int) -> Plan:
     """The plan for ``requested`` concurrent trials (0 = as many as fit, at most ``trials``)."""
     cpus, gpus = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
-    per_trial_cpu = TRIAL_CPUS + res.workers * res.cpus_per_worker
+    per_trial_cpu = trial_cpus(res.workers, res.cpus_per_worker)
     per_trial_gpu = res.workers * res.gpus_per_worker
     fit_cpu = math.floor((cpus - DATA_CPUS + _EPS) / per_trial_cpu) if cpus > DATA_CPUS else 0
     fit_gpu = math.floor((gpus + _EPS) / per_trial_gpu) if per_trial_gpu else fit_cpu
@@ -86,6 +103,11 @@ def plan(cluster: dict[str, float], res: Resources, requested: int, trials: int)
                 threads, custom)
 
 
+def trial_cpus(workers: int, cpus_per_worker: float) -> float:
+    """The CPUs one trial holds: its worker's in the trial actor, or the actor's and its workers'."""
+    return cpus_per_worker if workers == 1 else TRIAL_CPUS + workers * cpus_per_worker
+
+
 def is_resource_key(key: str) -> bool:
     """Whether a dotted key is one the plan sets: where a trial runs on the sweep's cluster, not
     part of the config that won, so the best config and final training leave it out."""
@@ -99,7 +121,8 @@ def without_resources(overrides: dict[str, object]) -> dict[str, object]:
 def trial_bundles(res: Resources, trials: int) -> list[dict[str, float]]:
     """What ``trials`` concurrent trials ask of the cluster, as autoscaler bundles (one per actor)."""
     worker = {"CPU": res.cpus_per_worker, "GPU": res.gpus_per_worker, **res.custom}
-    return [{"CPU": DATA_CPUS}] + trials * ([{"CPU": TRIAL_CPUS}] + res.workers * [dict(worker)])
+    actor = [] if res.workers == 1 else [{"CPU": TRIAL_CPUS}]
+    return [{"CPU": DATA_CPUS}] + trials * (actor + res.workers * [dict(worker)])
 
 
 def _missing(cluster: dict[str, float], res: Resources, cpu: float, gpu: float) -> str:
@@ -111,7 +134,8 @@ def _missing(cluster: dict[str, float], res: Resources, cpu: float, gpu: float) 
     if gpu > gpus:
         return (f"one trial needs {gpu:g} GPUs (resources.workers={res.workers} x "
                 f"resources.gpus_per_worker={res.gpus_per_worker:g}); the cluster has {gpus:g}")
-    return (f"one trial needs {cpu + DATA_CPUS:g} CPUs ({TRIAL_CPUS:g} for the trial + "
+    actor = "" if res.workers == 1 else f"{TRIAL_CPUS:g} for the trial actor + "
+    return (f"one trial needs {cpu + DATA_CPUS:g} CPUs ({actor}"
             f"resources.workers={res.workers} x resources.cpus_per_worker={res.cpus_per_worker:g}"
             f" + {DATA_CPUS:g} kept for Ray Data); the cluster has {cpus:g}: "
             f"{cpu + DATA_CPUS - cpus:g} CPU missing")

@@ -1,14 +1,18 @@
-"""The Tune trainable of a sweep: one trial = one run of the Train driver.
+"""The Tune trainable of a sweep: one trial = one training run.
 
-Tune calls ``run_trial(config, ctx)`` with the sampled values and the Optuna trial number. The
-trial's Ray Train run and MLflow run are both named ``<sweep>-t<number>``, so a trial that is
-started again after an interruption resumes its Train checkpoint and logs into the same nested
-MLflow run; a trial whose MLflow run already records its fate is not trained again.
+Tune calls ``run_trial(config, ctx)`` with the sampled values and the Optuna trial number. A
+one-worker trial trains in its Tune trial actor, through the same loop as every run: it reports
+to Tune and checkpoints with ``tune.report`` and resumes from ``tune.get_checkpoint()``. A trial
+of several workers runs the Train driver (Ray Train's worker actors) and resumes its Train
+checkpoint. Either way the MLflow run is named ``<sweep>-t<number>``, so a trial that is started
+again after an interruption logs into the same nested run; a trial whose MLflow run already
+records its fate is not trained again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import ray.tune
@@ -45,7 +49,7 @@ def split_config(config: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 
 def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
-    from urm_ray.train.driver import fit  # the driver imports torch; keep this module light
+    from urm_ray.train.driver import fit, fit_in_trial  # the driver imports torch; keep this module light
 
     number, values = split_config(config)
     name = trial_run_name(ctx.sweep, number)
@@ -55,6 +59,9 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     tags = {tracking.PARENT_TAG: ctx.parent_run_id, SWEEP_TAG: ctx.sweep, TRIAL_TAG: str(number),
             KIND_TAG: "trial"}
     params = {f"sampled.{key}": value for key, value in values.items()}
+    if cfg.train.num_workers == 1:
+        fit_in_trial(cfg, tags, params, partial(DerivedReport.for_tune, ctx.space, values))
+        return
     result = fit(cfg, tags=tags, callbacks=[DerivedReport(ctx.space, values)], params=params)
     if result.metrics.get("step") == cfg.train.steps:
         # A run resumed after its last step reports nothing itself: hand Tune its final result.
@@ -99,6 +106,13 @@ class DerivedReport(TuneReportCallback):
         env = {**space.env(values), **metrics}
         extra = {name: expr.evaluate(env) for name, expr in space.derived.items() if expr.names <= set(env)}
         return {**metrics, **extra}
+
+    @staticmethod
+    def for_tune(space: SearchSpace, values: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any] | None:
+        """A one-worker trial's report as Tune gets it (``hosts.TrialHost``): with the derived
+        metrics, or None before the first evaluation (no objective yet)."""
+        metrics = DerivedReport.with_derived(space, values, metrics)
+        return metrics if all(o.metric in metrics for o in space.spec.objectives) else None
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         metrics = [self.with_derived(self.space, self.values, metrics[0]), *metrics[1:]]

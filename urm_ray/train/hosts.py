@@ -1,0 +1,128 @@
+"""Where the training loop runs: what it reads, where it reports and where checkpoints go.
+
+The one loop (``loop.run_loop``) asks its host for the dataset shards, the state saved by the
+latest checkpoint, and to report metrics with rank 0's checkpoint folder. Three hosts:
+
+    WorkerHost   a Ray Train worker (one of N DDP ranks): shards and checkpoints through Ray Train
+    ProcessHost  the command's own process (one worker): checkpoints in the run's local folder
+    TrialHost    a Ray Tune trial actor (one worker): checkpoints through ``tune.report``, resumed
+                 from ``tune.get_checkpoint()`` when Tune retries or resumes the trial
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import ray.train
+import ray.tune
+
+from urm_ray.train import checkpoint
+
+# a report as Tune should see it (with a sweep's derived metrics), or None to keep it out of Tune
+# (before the first evaluation it has no objective for Tune's scheduler and searcher)
+TuneFilter = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+
+class Host(Protocol):
+    rank: int
+    world: int
+
+    def shard(self, name: str) -> Any:
+        """The "train" or "eval" data: a Ray Dataset or this rank's Ray Train shard."""
+
+    def saved_state(self) -> dict[str, Any] | None:
+        """The state of the run's latest checkpoint (None: the run starts afresh)."""
+
+    def report(self, metrics: dict[str, Any], folder: Path | None, step: int) -> None:
+        """Report ``metrics`` with the checkpoint written in ``folder`` (rank 0; None: none)."""
+
+
+def _load(ckpt: ray.train.Checkpoint | None) -> dict[str, Any] | None:
+    if ckpt is None:
+        return None
+    with ckpt.as_directory() as folder:
+        return checkpoint.load_state(Path(folder))
+
+
+class WorkerHost:
+    """A Ray Train worker: every rank reports at the same steps (``ray.train.report`` is a
+    barrier); rank 0's checkpoint reaches the run's storage whole or not at all."""
+
+    def __init__(self) -> None:
+        ctx = ray.train.get_context()
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+
+    def shard(self, name: str) -> Any:
+        return ray.train.get_dataset_shard(name)
+
+    def saved_state(self) -> dict[str, Any] | None:
+        return _load(ray.train.get_checkpoint())
+
+    def report(self, metrics: dict[str, Any], folder: Path | None, step: int) -> None:
+        if folder is None:
+            ray.train.report(metrics)
+            return
+        ckpt = ray.train.Checkpoint.from_directory(str(folder)) if self.rank == 0 else None
+        ray.train.report(metrics, checkpoint=ckpt,
+                         checkpoint_upload_fn=lambda ckpt, name: _upload(ckpt, name, step))
+
+
+def _upload(ckpt: ray.train.Checkpoint, name: str, step: int) -> ray.train.Checkpoint:
+    """Ray Train's checkpoint upload, made atomic (``checkpoint.upload``)."""
+    storage = ray.train.get_context().get_storage()
+    dest = storage.build_checkpoint_path_from_name(name)
+    checkpoint.upload(Path(ckpt.path), storage.storage_filesystem, dest, step)
+    return ray.train.Checkpoint(dest, filesystem=storage.storage_filesystem)
+
+
+class ProcessHost:
+    """The command's own process, one worker: checkpoints go to ``run_folder`` with Ray Train's
+    naming (``checkpoint_<time>``), so a run resumes from either host's checkpoints."""
+
+    rank, world = 0, 1
+
+    def __init__(self, datasets: dict[str, Any], run_folder: Path, keep: int) -> None:
+        self.datasets, self.run_folder, self.keep = datasets, run_folder, keep
+        self.latest: Path | None = checkpoint.latest_local(run_folder)
+        self.metrics: dict[str, Any] = {}  # reported with the latest checkpoint
+
+    def shard(self, name: str) -> Any:
+        return self.datasets[name]
+
+    def saved_state(self) -> dict[str, Any] | None:
+        return None if self.latest is None else checkpoint.load_state(self.latest)
+
+    def report(self, metrics: dict[str, Any], folder: Path | None, step: int) -> None:
+        if folder is not None:
+            self.latest = checkpoint.persist_local(folder, self.run_folder, step, self.keep)
+            self.metrics = metrics
+
+
+class TrialHost:
+    """A Tune trial actor, one worker: Tune persists the checkpoints in the trial's folder and
+    hands the latest back (``tune.get_checkpoint``) when it retries or resumes the trial. A report
+    that ``to_tune`` keeps out of Tune keeps its checkpoint out too: a trial's checkpoints start
+    at its first evaluation."""
+
+    rank, world = 0, 1
+
+    def __init__(self, datasets: dict[str, Any], to_tune: TuneFilter) -> None:
+        self.datasets, self.to_tune = datasets, to_tune
+
+    def shard(self, name: str) -> Any:
+        return self.datasets[name]
+
+    def saved_state(self) -> dict[str, Any] | None:
+        return _load(ray.tune.get_checkpoint())
+
+    def latest(self) -> ray.tune.Checkpoint | None:
+        return ray.tune.get_checkpoint()
+
+    def report(self, metrics: dict[str, Any], folder: Path | None, step: int) -> None:
+        shown = self.to_tune(metrics)
+        if shown is None:
+            return
+        ckpt = None if folder is None else ray.tune.Checkpoint.from_directory(str(folder))
+        ray.tune.report(shown, checkpoint=ckpt)

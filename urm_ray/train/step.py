@@ -1,0 +1,177 @@
+"""One worker's training state and the training step: plain PyTorch, no Ray, no MLflow.
+
+    state = build_state(cfg, meta.task_spec, device)      # model, optimizers, EMA, schedule, carry
+    metrics = train_step(state, batch)                    # one ACT segment, backward, update, EMA
+
+Each step runs ONE ACT segment (deep supervision): rows that halted in the previous step are
+replaced by fresh examples inside the model's carry, the carry is detached between segments, and
+TBPTL happens inside the model. ``train_step`` sets the step's learning rate (and a scheduled
+model's step) from ``state.position.step`` and advances it. Metrics stay on the device (no host
+sync per step): the loop sums them and reads them at its report steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from urm_ray.config import RunConfig
+from urm_ray.data.store import DatasetMeta
+from urm_ray.data.tasks.verify import Search, Verifier, nearest_for, verifier_for
+from urm_ray.losses import act_loss
+from urm_ray.models.registry import build_model
+from urm_ray.models.task import TaskSpec
+from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
+from urm_ray.train.checkpoint import Position
+from urm_ray.train.compiled import compile_enabled, compile_model, compiled_loss
+
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The task's pieces a config asks the step for (None where not asked for).
+
+    ``halt``: GRAM's halting target "a task verifier accepts it" (``model.halt_target: verifier``);
+    ``prior``: the targets of GRAM's prior match from the prior decodes
+    (``model.prior_match_targets: nearest``); ``labels``: the answer loss's targets from the rows'
+    own decodes (``train.label_targets: nearest``)."""
+
+    halt: Verifier | None = None
+    prior: Search | None = None
+    labels: Search | None = None
+
+
+def targets_for(cfg: RunConfig, meta: DatasetMeta) -> Targets:
+    """The ``Targets`` of a config on a dataset; ConfigError where the task has no verifier or
+    search (the driver calls it before Ray starts)."""
+    halt = search = None
+    if getattr(cfg.model, "halt_target", "label") == "verifier":
+        halt = verifier_for(meta.task, meta.seq_len)
+    prior_nearest = getattr(cfg.model, "prior_match_targets", "label") == "nearest"
+    if prior_nearest or cfg.train.label_targets == "nearest":
+        search = nearest_for(meta.task, meta.seq_len, meta.vocab_size)
+    return Targets(halt, search if prior_nearest else None,
+                   search if cfg.train.label_targets == "nearest" else None)
+
+
+@dataclass
+class TrainState:
+    """Everything one worker trains: built by ``build_state``, advanced by ``train_step``.
+
+    ``model`` is the single-device model (what checkpoints and evaluation use); ``wrapped`` is
+    what the step calls (DDP around ``model`` on several workers, else ``model`` itself)."""
+
+    cfg: RunConfig
+    model: nn.Module
+    wrapped: nn.Module
+    ema: EMA | None
+    optimizers: list[Any]
+    device: torch.device
+    local_batch: int  # rows per step on this worker
+    seq_len: int  # tokens per row
+    targets: Targets = field(default_factory=Targets)
+    loss_fn: LossFn = act_loss
+    position: Position = field(default_factory=Position)
+    carry: Any = None  # the ACT carry of the rows in flight (None: the next batch starts afresh)
+    lr: float = 0.0  # the network's learning rate at the last step
+
+
+def build_state(cfg: RunConfig, task: TaskSpec, device: torch.device, *, targets: Targets = Targets(),
+                world: int = 1, wrap: Callable[[nn.Module], nn.Module] | None = None) -> TrainState:
+    """Model (seeded by ``train.seed``), optimizers, EMA and the compiled parts for one worker.
+    ``wrap`` places the model (Ray Train's ``prepare_model`` for DDP); default: moved to ``device``."""
+    torch.manual_seed(cfg.train.seed)  # identical init on every rank (DDP also broadcasts)
+    model = build_model(cfg.model, task)
+    wrapped = wrap(model) if wrap is not None else model.to(device)
+    ema = EMA(model, cfg.optim.ema_decay) if cfg.optim.ema else None
+    optimizers = build_optimizers(model, cfg.optim)
+    loss_fn: LossFn = act_loss
+    if compile_enabled(cfg.train.compile, device):
+        compile_model(model)
+        loss_fn = compiled_loss()
+    return TrainState(cfg, model, wrapped, ema, optimizers, device,
+                      cfg.train.global_batch_size // world, task.seq_len, targets, loss_fn)
+
+
+def bf16_enabled(device: torch.device, bf16: bool | str) -> bool:
+    """Whether training autocasts to bf16: on CUDA unless ``bf16`` is false; on CPU only when true."""
+    return bf16 is True or (bf16 == "auto" and device.type == "cuda")
+
+
+def bf16_autocast(device: torch.device, bf16: bool | str) -> Any:
+    """The training autocast (``bf16_enabled``), or none."""
+    if bf16_enabled(device, bf16):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def autocast(state: TrainState) -> Any:
+    """The autocast ``state`` trains under."""
+    return bf16_autocast(state.device, state.cfg.train.bf16)
+
+
+def train_step(state: TrainState, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One optimizer step on ``batch`` (tensors on ``state.device``); returns the step's metric
+    sums (on the device, float64) with ``nonfinite`` (the loss or gradient norm was inf or nan)."""
+    cfg = state.cfg
+    lr = apply_scheduled_lr(state.optimizers, cfg.optim, state.position.step, cfg.train.steps)
+    state.model.schedule(state.position.step)  # e.g. GRAM's KL ramp
+    if state.carry is None:
+        state.carry = state.model.initial_carry(batch)
+    state.wrapped.train()
+    with autocast(state):
+        state.carry, outputs = state.wrapped(state.carry, batch)
+        loss, metrics = _loss(state, outputs)
+    # Official scaling: sum over the global batch / global batch size. DDP averages gradients
+    # over ranks, so each rank divides by its local batch size.
+    (loss / state.local_batch).backward()
+    params = [p for p in state.model.parameters() if p.grad is not None]
+    if cfg.optim.grad_clip > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    metrics["nonfinite"] = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+    for opt in state.optimizers:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if state.ema is not None:
+        state.ema.update(state.model)
+    state.position.step += 1
+    state.lr = lr
+    return {k: v.detach().double() for k, v in metrics.items()}
+
+
+def _loss(state: TrainState, outputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The ACT loss of the step's outputs against the carry's rows, with the config's targets."""
+    carry, targets = state.carry, state.targets
+    data, labels = carry.current_data, carry.current_data["labels"]
+    halt_target = prior_targets = None
+    if targets.halt is not None:
+        judged = outputs.get("halt_logits", outputs["logits"])  # GRAM: a prior decode
+        halt_target = targets.halt(judged.detach().argmax(-1), data["inputs"], data["labels"])
+    if targets.prior is not None and "prior_logits" in outputs:
+        prior_targets = targets.prior(outputs["prior_logits"].detach().argmax(-1), data["inputs"],
+                                      data["labels"])
+    if targets.labels is not None:
+        labels = targets.labels(outputs["logits"].detach().argmax(-1), data["inputs"], labels)
+    return state.loss_fn(outputs, labels, carry.halted, carry.steps, state.cfg.train.loss,
+                         halt_target=halt_target, inputs=data["inputs"], prior_targets=prior_targets)
+
+
+@contextmanager
+def evaluation_model(state: TrainState) -> Iterator[nn.Module]:
+    """The model in eval mode with the EMA weights applied (when the run keeps an EMA), under the
+    training autocast; training weights and mode come back on exit."""
+    averaged = state.ema.applied(state.model) if state.ema is not None else nullcontext(state.model)
+    with averaged as model, autocast(state):
+        model.eval()
+        try:
+            yield model
+        finally:
+            model.train()

@@ -70,6 +70,45 @@ def test_unknown_preset_lists_presets():
         load_config("no-such-preset")
 
 
+@pytest.mark.parametrize(
+    "override, hint",
+    [
+        (["train.stpes=3"], "(did you mean train.steps?)"),
+        (["model.lops=3"], "(did you mean model.loops?)"),
+        (["optim.weight_decy=0.1"], "(did you mean optim.weight_decay?)"),
+        (["trian.steps=3"], "(did you mean train?)"),
+    ],
+)
+def test_a_mistyped_key_suggests_the_close_one(override, hint):
+    with pytest.raises(ConfigError) as err:
+        build_config(apply_overrides(BASE, override))
+    assert hint in str(err.value)
+
+
+def test_an_unlike_key_suggests_nothing():
+    with pytest.raises(ConfigError) as err:
+        build_config(apply_overrides(BASE, ["train.qqqqqq=3"]))
+    assert "did you mean" not in str(err.value) and "valid keys here" in str(err.value)
+
+
+def test_a_mistyped_preset_or_space_suggests_the_close_one():
+    with pytest.raises(ConfigError, match=r"'sudoku4-urn' is neither .* \(did you mean sudoku4-urm\?\)"):
+        load_config("sudoku4-urn")
+    with pytest.raises(ConfigError, match=r"'quickstrat' not found \(did you mean quickstart\?\)"):
+        load_space("quickstrat")
+    with pytest.raises(ConfigError, match=r"quickstart.trails \(did you mean quickstart.trials\?\)"):
+        load_space("quickstart", ["trails=3"])  # a sweep's own key among its overrides
+
+
+def test_a_mistyped_searched_parameter_suggests_the_config_key(tmp_path: Path):
+    space = {"base": "sudoku4-urm", "params": {"model.lops": {"type": "int", "low": 2, "high": 4}},
+             "objectives": [{"metric": "eval/exact_accuracy", "mode": "max"}], "trials": 2}
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    with pytest.raises(ConfigError, match=r"parameter model.lops: unknown config key \(did you mean model.loops\?\)"):
+        load_space(str(path))
+
+
 def test_bool_is_not_an_int():
     with pytest.raises(ConfigError, match="train.steps"):
         build_config(apply_overrides(BASE, ["train.steps=true"]))

@@ -22,7 +22,7 @@ from urm_ray.data.config import DataConfig
 from urm_ray.errors import ConfigError
 from urm_ray.models.registry import config_class
 from urm_ray.optim import OptimConfig
-from urm_ray.typed import convert, from_dict, to_dict
+from urm_ray.typed import convert, did_you_mean, from_dict, to_dict
 
 
 @dataclass
@@ -171,9 +171,8 @@ def read_yaml(source: str) -> dict[str, Any]:
     path = Path(source)
     if not path.is_file():
         if source not in preset_names():
-            raise ConfigError(
-                f"config {source!r} is neither a YAML file nor a preset; presets: {', '.join(preset_names())}"
-            )
+            raise ConfigError(f"config {source!r} is neither a YAML file nor a preset"
+                              f"{did_you_mean(source, preset_names())}; presets: {', '.join(preset_names())}")
         path = Path(str(resources.files("urm_ray") / "presets" / f"{source}.yaml"))
     try:
         data = yaml.safe_load(path.read_text())
@@ -220,7 +219,8 @@ def build_config(data: dict[str, Any]) -> RunConfig:
     """Typed, validated RunConfig from a nested dict."""
     unknown = sorted(set(data) - {"model", *SECTIONS})
     if unknown:
-        raise ConfigError(f"unknown section {unknown[0]!r}; sections: model, {', '.join(SECTIONS)}")
+        hint = did_you_mean(str(unknown[0]), ["model", *SECTIONS])
+        raise ConfigError(f"unknown section {unknown[0]!r}{hint}; sections: model, {', '.join(SECTIONS)}")
     model = data.get("model")
     if not isinstance(model, dict) or "name" not in model:
         raise ConfigError("model.name is required (urm, hrm, trm, gram, transformer)")

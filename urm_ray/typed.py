@@ -7,9 +7,11 @@ Used by every config: unknown keys, wrong types and values outside a ``Literal``
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import re
 import types
+from collections.abc import Iterable
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from urm_ray.errors import ConfigError
@@ -26,11 +28,19 @@ def from_dict(cls: type[T], data: Any, prefix: str = "") -> T:
     unknown = sorted(set(data) - names)
     if unknown:
         where = f"{prefix}." if prefix else ""
+        hint = did_you_mean(str(unknown[0]), names, where)
         raise ConfigError(
-            f"unknown key {where}{unknown[0]!s}; valid keys here: {', '.join(sorted(names))}"
+            f"unknown key {where}{unknown[0]!s}{hint}; valid keys here: {', '.join(sorted(names))}"
         )
     kwargs = {name: convert(hints[name], value, _join(prefix, name)) for name, value in data.items()}
     return cls(**kwargs)
+
+
+def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
+    """`` (did you mean train.steps?)`` for a mistyped ``word``: the closest of ``choices``
+    (``prefix`` before it), or "" when none is close."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
 
 
 @functools.cache

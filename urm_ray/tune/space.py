@@ -40,7 +40,7 @@ from urm_ray.config import (
 from urm_ray.errors import ConfigError
 from urm_ray.tune.expr import Expr
 from urm_ray.tune.params import Param, Value
-from urm_ray.typed import from_dict, to_dict
+from urm_ray.typed import did_you_mean, from_dict, to_dict
 
 CONFIG_SECTIONS = ("model", *SECTIONS)
 # Set by the sweep itself (names, paths, resources) or fixed for fair comparison (length).
@@ -193,7 +193,8 @@ def find_space(source: str) -> Path:
     for path in (Path(source), Path("search_spaces") / f"{source}.yaml", shipped.get(source)):
         if path is not None and path.is_file():
             return path
-    raise ConfigError(f"search space {source!r} not found; shipped spaces: {', '.join(shipped)}")
+    raise ConfigError(f"search space {source!r} not found{did_you_mean(source, shipped)}; "
+                      f"shipped spaces: {', '.join(shipped)}")
 
 
 def load_space(source: str, overrides: list[str] | None = None) -> SearchSpace:
@@ -238,7 +239,7 @@ def validate(space: SearchSpace) -> None:
     seen: set[str] = set()
     for param in space.params:
         if param.key not in known:
-            raise ConfigError(f"parameter {param.key}: unknown config key "
+            raise ConfigError(f"parameter {param.key}: unknown config key{did_you_mean(param.key, known)} "
                               f"(valid: {_close(param.key, known)})")
         if param.key in NOT_SEARCHABLE or param.key.startswith("tracking."):
             raise ConfigError(f"parameter {param.key}: set by the sweep, cannot be searched")

@@ -125,6 +125,9 @@ class Loop:
         self.eval_verifier, self.arc_views = eval_verifier, arc_views
         self.cfg = state.cfg
         self.last_eval: dict[str, float] = {}
+        # seconds this process spent in training steps and in evaluations (a trial's own work;
+        # the rest of its time is start-up, checkpoints and tracking)
+        self.seconds = {"time/train_s": 0.0, "time/eval_s": 0.0}
 
     def run(self) -> None:
         # Closed as soon as training ends or fails: a suspended generator is otherwise closed by
@@ -150,8 +153,9 @@ class Loop:
                 sums[key] = sums.get(key, 0) + value
             if _report_due(cfg, position.step):
                 self._stop_if_diverged(first_nonfinite)
-                report = self._train_metrics(sums, window_steps, time.perf_counter() - window_start)
-                self._report(report)
+                elapsed = time.perf_counter() - window_start
+                self.seconds["time/train_s"] += elapsed
+                self._report(self._train_metrics(sums, window_steps, elapsed))
                 sums, window_start, window_steps = {}, time.perf_counter(), 0
 
     def _batches(self) -> Generator[dict[str, torch.Tensor], None, None]:
@@ -246,8 +250,11 @@ class Loop:
         done = position.step == cfg.steps
         if _every(cfg.eval_every, position.step) or done:
             self.progress.phase(f"evaluating at step {position.step}")
+            start = time.perf_counter()
             self.last_eval = self._evaluate()
+            self.seconds["time/eval_s"] += time.perf_counter() - start
             metrics.update(self.last_eval)
+        metrics.update(self.seconds)
         self.tracker.log(metrics, position.step)
         metrics = {**self.last_eval, **metrics, "step": position.step, "epoch": position.epoch}
         self.progress.report(position.step, metrics)

@@ -1,0 +1,127 @@
+"""Where a sweep trial's fixed cost goes, phase by phase, in one long-lived process.
+
+    python bench/trial_phases.py                           # quickstart's base config, 6 trials
+    python bench/trial_phases.py --trials 10 --steps 20 --set model.loops=4
+
+A one-worker trial trains in its Tune trial actor, which Tune reuses for the next trial: so the
+process, its imports and Ray are paid once, and each trial then pays the phases below. This runs
+those phases as ``driver.fit_in_trial`` and ``loop.run_loop`` do, one trial after another in this
+process (the checkpoint goes to a local folder, as Tune persists it on local storage), and prints
+the median of each phase over the trials after the first (the first pays the imports' lazy
+parts and Ray Data's first start):
+
+    prepare        resolve the config, read the dataset's metadata, probe the storage
+    mlflow open    create the nested run, its params, config.yaml and the dataset record
+    datasets       the train and eval Ray Datasets (small splits: into the object store)
+    model build    model, optimizers, EMA
+    first batch    Ray Data's first training batch (the pipeline starts)
+    training       the trial's own steps (``--steps``)
+    evaluation     the held-out evaluation (its own pipeline pass)
+    checkpoint     state.pt + config.yaml written and persisted
+    mlflow close   the checkpoint tag, the checkpoint artifact, the run closed
+
+The trial's own work is training + evaluation; the rest is its overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import ray
+import torch
+
+from urm_ray.data.tasks.verify import optional_verifier
+from urm_ray.train import checkpoint, driver
+from urm_ray.train.hosts import ProcessHost
+from urm_ray.train.live import Sender
+from urm_ray.train.loop import Loop, task_spec, torch_threads
+from urm_ray.train.step import build_state, targets_for, train_step
+from urm_ray.tracking import make_tracker
+from urm_ray.tune.space import load_space
+from urm_ray.typed import to_dict
+
+PHASES = ("prepare", "mlflow open", "datasets", "model build", "first batch", "training",
+          "evaluation", "checkpoint", "mlflow close")
+WORK = ("training", "evaluation")
+
+
+class Phases:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = time.perf_counter() - start
+
+
+def one_trial(cfg, number: int) -> dict[str, float]:
+    t = Phases()
+    with t("prepare"):
+        cfg, meta = driver.prepare(cfg)
+    with t("mlflow open"):
+        run_id = driver.open_mlflow_run(cfg, meta, {"urm_ray.kind": "trial"}, {"sampled.x": number})
+    with t("datasets"):
+        data = driver.datasets(cfg)
+    folder = Path(cfg.train.storage_path) / cfg.train.run_name
+    host = ProcessHost(data, folder, cfg.train.keep_checkpoints)
+    with t("model build"):
+        state = build_state(cfg, task_spec(cfg, meta), torch.device("cpu"), targets=targets_for(cfg, meta))
+    loop = Loop(state, host, make_tracker(cfg.tracking.tracking_uri, run_id, True), Sender(),
+                optional_verifier(meta.task, meta.seq_len))
+    batches = loop._batches()
+    with t("first batch"):
+        batch = next(batches)
+    with t("training"):
+        for _ in range(cfg.train.steps):
+            train_step(state, batch)
+            batch = next(batches)
+    with t("evaluation"):
+        metrics = loop._evaluate()
+    batches.close()
+    with t("checkpoint"), tempfile.TemporaryDirectory() as tmp:
+        checkpoint.save(Path(tmp), state.model, state.ema, state.optimizers, state.position, to_dict(cfg))
+        host.report(metrics, Path(tmp), state.position.step)
+    loop.tracker.close()
+    with t("mlflow close"):
+        driver._finish_mlflow(cfg, run_id, ray.train.Checkpoint(str(host.latest)), None)
+    return t.seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--space", default="quickstart")
+    parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--set", nargs="*", default=[], help="config overrides (dotted keys)")
+    args = parser.parse_args()
+    space = load_space(args.space, [])
+    work = Path(tempfile.mkdtemp(prefix="trial-phases-"))
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    rows = []
+    for number in range(args.trials):
+        cfg = space.trial_config({}, {
+            "train.run_name": f"t{number:03d}", "train.storage_path": str(work / "runs"),
+            "train.steps": args.steps, "train.eval_every": args.steps, "train.log_every": args.steps,
+            "train.checkpoint_every": args.steps, "tracking.tracking_uri": f"sqlite:///{work / 'mlflow.db'}",
+            "tracking.experiment": "phases", **dict(kv.split("=", 1) for kv in args.set)})
+        torch.set_num_threads(torch_threads(cfg.train))
+        rows.append(one_trial(cfg, number))
+        print(f"trial {number}: " + ", ".join(f"{k} {v:.2f}" for k, v in rows[-1].items()), flush=True)
+    later = rows[1:] or rows
+    print(f"\nmedian over trials 1..{len(rows) - 1} (s):")
+    for name in PHASES:
+        print(f"  {name:<13} {statistics.median(r[name] for r in later):6.3f}")
+    overhead = [sum(v for k, v in r.items() if k not in WORK) for r in later]
+    print(f"  {'overhead':<13} {statistics.median(overhead):6.3f}  (all but {' + '.join(WORK)})")
+
+
+if __name__ == "__main__":
+    main()

@@ -37,7 +37,7 @@ class ParamSpec:
     # values, e.g. "model.loops - 1"
     low: Any = None
     high: Any = None  # upper bound, inclusive (numeric types): a number or an expression, as low
-    step: Optional[float] = None  # grid step (int, float); none for log types
+    step: Optional[float] = None  # grid step (int, float); null for log types
     choices: Optional[list] = None  # the values to choose from (categorical only)
 
 

@@ -77,8 +77,8 @@ class Scheduler:
     """Early stopping, in training steps; rungs should fall on evaluation steps."""
 
     name: Literal["asha", "median", "none"] = "asha"  # ASHA, the median-stopping rule, or no early stopping
-    grace_steps: int = 0  # 0 = train.eval_every
-    reduction_factor: float = 3.0  # ASHA only
+    grace_steps: int = 0  # steps every trial runs before it can be stopped; 0 = train.eval_every
+    reduction_factor: float = 3.0  # ASHA: 1 in this many trials goes on at each rung
 
 
 @dataclass
@@ -117,7 +117,7 @@ class SpaceSpec:
     derived: dict = field(default_factory=dict)  # metric name -> expression over metrics and params
     start_from: list = field(default_factory=list)  # parameter dicts tried first (e.g. the paper's)
     trials: int = 16  # trials the sweep runs in all
-    concurrency: int = 0  # 0 = as many as the resources allow
+    concurrency: int = 0  # trials at once; 0 = as many as the resources allow
     # times a failed trial (e.g. its node was preempted) restarts from its last checkpoint;
     # null = 2 when trials train on GPUs (spot nodes get reclaimed), else 0
     retries: Optional[int] = None

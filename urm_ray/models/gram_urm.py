@@ -12,7 +12,7 @@ other choice is GRAM's (`urm_ray.models.gram`): the KL reduction, balance and co
 prior-guided Q-halt decode, and ``noise_scale: 0``, which leaves exactly URM.
 
 Why: on unique-solution puzzles the prior cannot beat its deterministic core, and URM's core
-learns 4x4 Sudoku far faster than TRM's at the same size (README, model zoo).
+learns 4x4 Sudoku far faster than TRM's at the same size (docs/models.md, "How they compare on a CPU").
 """
 
 from __future__ import annotations

@@ -1,9 +1,22 @@
-"""The ``urm-ray`` command line: presets, dataset building, and clean errors (exit code 2)."""
+"""The ``urm-ray`` command line: presets, dataset building, clean errors (exit code 2), every
+subcommand's help and examples (and the README's commands), and a quiet terminal (no raylet,
+Optuna or matplotlib lines unless --verbose)."""
 
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from urm_ray.cli import main
+import pytest
+
+from urm_ray.cli import EXAMPLES, _parse, _parser, main
+from urm_ray.config import load_config
 from urm_ray.data.store import read_metadata
+from urm_ray.tune.space import load_space
 
 
 def test_presets_lists_shipped_configs(capsys):
@@ -52,3 +65,109 @@ def test_runs_without_a_store_is_a_clean_error_and_creates_none(tmp_path: Path, 
     assert main(["runs", "--tracking-uri", f"sqlite:///{store}"]) == 2
     assert f"no MLflow store at sqlite:///{store}" in capsys.readouterr().err
     assert not store.exists()
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices
+
+
+def test_every_subcommand_help_exits_0_and_ends_with_examples(capsys):
+    for name, parser in _subcommands().items():
+        with pytest.raises(SystemExit) as done:
+            main([name, "--help"])
+        assert done.value.code == 0, name
+        text = capsys.readouterr().out
+        examples = text[text.rindex("\nexample"):]  # the epilog, after the options
+        shown = "runs" if name == "ls" else name  # an alias shows its command's examples
+        assert f"urm-ray {shown}" in examples, (name, text)
+
+
+def _example_lines() -> list[list[str]]:
+    return [shlex.split(line.split("  #")[0])[1:] for text in EXAMPLES.values()
+            for line in text.splitlines() if line.strip().startswith("urm-ray ")]
+
+
+def test_help_examples_parse_and_their_configs_and_spaces_load():
+    """What an example sets must be right: a preset's overrides build, a space's load (no Ray)."""
+    lines = _example_lines()
+    assert len(lines) >= 2 * len(EXAMPLES) - 2  # one or two per subcommand
+    for argv in lines:
+        args = _parse(argv)
+        if args.command == "train" and not args.config.endswith(".yaml"):
+            load_config(args.config, args.overrides)
+        if args.command == "sweep" and args.space:
+            load_space(args.space, args.overrides)
+
+
+def _readme_commands(text: str) -> set[str]:
+    """The word after `urm-ray` in the README's code (fenced blocks and inline spans), where a
+    command is shown; prose such as "urm-ray is" is not code."""
+    fenced = re.findall(r"```.*?```", text, flags=re.S)
+    inline = re.findall(r"`[^`\n]+(?:\n[^`\n]+)?`", re.sub(r"```.*?```", "", text, flags=re.S))
+    return {m for code in fenced + inline for m in re.findall(r"(?<![\w/-])urm-ray +([a-z][\w-]*)", code)}
+
+
+def test_readme_names_only_existing_subcommands_and_their_help_works(capsys):
+    """Every `urm-ray <command>` the README shows (whatever it says at the time) is a subcommand
+    whose --help exits 0."""
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    named = _readme_commands(readme.read_text())
+    assert named, "the README shows no `urm-ray <command>`"
+    assert named <= set(_subcommands()), f"not subcommands: {sorted(named - set(_subcommands()))}"
+    for name in sorted(named):
+        with pytest.raises(SystemExit) as done:
+            main([name, "--help"])
+        assert done.value.code == 0, name
+    assert _readme_commands("```\nurm-ray trian x\n```\nurm-ray is a tool; `urm-ray sweep\n--resume NAME`") == {
+        "trian", "sweep"}  # the parser sees a typo in code, not prose
+
+
+def _published(ray, marker: str, capfd) -> str:
+    """What the driver's terminal shows after the raylet publishes a warning to every driver (as
+    its worker pool does: "N PYTHON worker processes have been started ...")."""
+    from ray._private.utils import publish_error_to_driver
+
+    publish_error_to_driver("worker_pool_large", marker, ray._private.worker.global_worker.gcs_client)
+    deadline = time.monotonic() + 10
+    seen = ""
+    while time.monotonic() < deadline and marker not in seen:
+        time.sleep(0.5)
+        out, err = capfd.readouterr()
+        seen += out + err
+    return seen
+
+
+def test_raylet_warnings_stay_off_a_quiet_terminal(ray_local, capfd):
+    """init_ray without verbose (the conftest's instance): a raylet warning is not printed; with
+    Ray's default (what --verbose keeps) the same warning is."""
+    assert "urm-quiet-marker" not in _published(ray_local, "urm-quiet-marker", capfd)
+    ray_local._private.worker._worker_logs_enabled = True  # as init_ray(verbose=True) leaves it
+    try:
+        assert "urm-verbose-marker" in _published(ray_local, "urm-verbose-marker", capfd)
+    finally:
+        ray_local._private.worker._worker_logs_enabled = False
+
+
+def test_optuna_and_matplotlib_stay_off_a_quiet_terminal(tmp_path: Path):
+    """A sweep's first Optuna study and first matplotlib import (a fresh font cache) log a line
+    each; after the CLI's quiet setup, neither does. In a fresh process: both libraries set their
+    logging up once per process."""
+    script = ("import logging, sys, optuna\n"
+              "from urm_ray import cli\n"
+              "logging.basicConfig(level=logging.INFO)\n"
+              "if sys.argv[1] == 'quiet':\n"
+              "    cli.quiet(); cli.quiet_optuna()\n"
+              "optuna.create_study(storage=f'sqlite:///{sys.argv[2]}/optuna.db')\n"
+              "import matplotlib.font_manager\n")
+    said = {}
+    for mode in ("default", "quiet"):
+        env = {**os.environ, "MPLCONFIGDIR": str(tmp_path / mode)}  # no font cache yet
+        done = subprocess.run([sys.executable, "-c", script, mode, str(tmp_path)], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        said[mode] = done.stdout + done.stderr
+    # matplotlib logs "generated new fontManager" (INFO), and "is building the font cache" (a
+    # WARNING) when that takes over 5 s, as on a busy machine
+    assert "A new study created" in said["default"] and "matplotlib.font_manager" in said["default"], said
+    assert "A new study created" not in said["quiet"] and "matplotlib" not in said["quiet"], said["quiet"]

@@ -16,6 +16,7 @@ from urm_ray import tracking
 from urm_ray.config import load_config
 from urm_ray.data import store, stream
 from urm_ray.data.tasks import sudoku
+from urm_ray.runs import ui_hint
 from urm_ray.train.driver import open_mlflow_run, resolve
 
 from together import open_runs_on_one_dataset
@@ -123,6 +124,8 @@ def test_a_run_holds_its_config_and_dataset_before_training(tmp_path: Path, monk
     assert saved["data"]["path"] == str(data) and saved["train"]["run_name"] == "crashy"
     run = client.get_run(run_id)
     assert run.info.status == "RUNNING" and run.data.params["data.path"] == str(data)
+    experiment = client.get_experiment(run.info.experiment_id)  # MLflow's UI: a training experiment
+    assert experiment.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
     (dataset,) = [i.dataset for i in run.inputs.dataset_inputs]
     assert (dataset.name, dataset.digest) == ("sudoku4", store.metadata_digest(data))
     assert json.loads(dataset.profile) == {"task": "sudoku", "seq_len": 16, "vocab_size": 6,
@@ -148,3 +151,31 @@ def test_a_new_sqlite_store_is_created_by_one_command_at_a_time(tmp_path: Path):
     for proc in together:
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err[-2000:]
+
+
+def test_every_experiment_a_run_opens_is_marked_model_training(tmp_path: Path):
+    """MLflow's experiment kind: set on the experiments urm_ray creates and on those it finds
+    unmarked; an experiment a user marked otherwise keeps its kind."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    client = MlflowClient(uri)
+    tracking.open_run(uri, "fresh", "run", {})
+    client.create_experiment("made-before")  # by hand, or by an older urm_ray
+    tracking.open_run(uri, "made-before", "run", {})
+    client.create_experiment("marked", tags={tracking.EXPERIMENT_KIND_TAG: "genai_development"})
+    tracking.open_run(uri, "marked", "run", {})
+    kinds = {e.name: e.tags.get(tracking.EXPERIMENT_KIND_TAG) for e in client.search_experiments()}
+    assert kinds == {"fresh": "custom_model_development", "made-before": "custom_model_development",
+                     "marked": "genai_development", "Default": None}
+
+
+def test_ui_links_open_the_model_training_view(tmp_path: Path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    run_id = tracking.open_run(uri, "exp", "run", {})
+    experiment_id = MlflowClient(uri).get_experiment_by_name("exp").experiment_id
+    assert tracking.run_ui_url(uri, run_id) == (
+        f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning")
+    assert tracking.ui_url("http://mlflow.lan:5000/", "7") == (
+        "http://mlflow.lan:5000/#/experiments/7?workflowType=machine_learning")
+    hint = ui_hint(uri).splitlines()
+    assert hint == [f"MLflow UI: mlflow ui --backend-store-uri {uri}, then open",
+                    f"  exp  http://127.0.0.1:5000/#/experiments/{experiment_id}?workflowType=machine_learning"]

@@ -24,9 +24,41 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from urm_ray.data.tasks import registry
-from urm_ray.errors import ConfigError, DataError, TrainingFailed
+from urm_ray.errors import ConfigError, DataError, Interrupted, TrainingFailed
+
+# `urm-ray <command> --help` ends with these examples
+EXAMPLES = {
+    "presets": """example:
+  urm-ray presets""",
+    "train": """examples:
+  urm-ray train sudoku4-urm                                   # 4x4 Sudoku, a few minutes on a CPU
+  urm-ray train sudoku4-urm model.loops=8 train.steps=300 train.run_name=loops8
+  urm-ray train sudoku4-urm train.run_name=loops8             # resume loops8 after Ctrl-C""",
+    "eval": """examples:
+  urm-ray eval runs/loops8/checkpoint_<time>                  # its held-out split
+  urm-ray eval runs/arc/checkpoint_<time> --augmentations 100 --pass-k 1 2 --out report.json""",
+    "sample": """example:
+  urm-ray sample runs/gram/checkpoint_<time> --num 64 --temperature 0.7""",
+    "sweep": """examples:
+  urm-ray sweep quickstart trials=8                           # a shipped space, 8 trials
+  urm-ray sweep quickstart --name qs trials=4 train.steps=500  # shorter trials, named qs
+  urm-ray sweep --resume qs                                   # continue after Ctrl-C""",
+    "runs": """examples:
+  urm-ray runs                                                # ./mlflow.db, newest 50 runs
+  urm-ray runs --experiment sweep-qs --limit 20""",
+    "best": """examples:
+  urm-ray best qs                                             # prints it, writes sweeps/qs/best_config.yaml
+  urm-ray train sweeps/qs/best_config.yaml train.steps=2000""",
+    "final": """examples:
+  urm-ray final qs                                            # the space's top configs and seeds
+  urm-ray final qs --top 2 --seeds 3 train.num_workers=2""",
+    "data": """examples:
+  urm-ray data sudoku --out data/s4 --size 4                  # generated 4x4 Sudoku
+  urm-ray data arc --source ARC_DIR --out data/arc1           # ARC-AGI (urm-ray data arc --help)""",
+}
 
 
 def _presets(args: argparse.Namespace) -> None:
@@ -48,7 +80,15 @@ def _train(args: argparse.Namespace) -> None:
         progress.phase("done")  # the bar left on the terminal: the run's whole time
     summary = {k: v for k, v in result.metrics.items() if k.startswith(("eval/", "arc/")) or k == "step"}
     print(json.dumps({"run_name": result.run_name, "checkpoint": result.checkpoint_path,
-                      "mlflow_run_id": result.mlflow_run_id, **summary}, indent=2))
+                      "mlflow_run_id": result.mlflow_run_id,
+                      **_ui(cfg.tracking.tracking_uri, result.mlflow_run_id), **summary}, indent=2))
+
+
+def _ui(tracking_uri: str, run_id: str | None) -> dict[str, str]:
+    """The run's page in MLflow's UI, for the printed summary (none when tracking is off)."""
+    from urm_ray.tracking import resolve_tracking_uri, run_ui_url
+
+    return {"mlflow_ui": run_ui_url(resolve_tracking_uri(tracking_uri), run_id)} if run_id else {}
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -90,6 +130,8 @@ def _sample(args: argparse.Namespace) -> None:
 def _sweep(args: argparse.Namespace) -> None:
     from urm_ray.tune.sweep import create_sweep, load_sweep, resume_hint, run_sweep
 
+    if not args.verbose:
+        quiet_optuna()
     if args.resume:
         if args.space or args.overrides:
             raise ConfigError("--resume NAME continues a sweep as created; give no SPACE or overrides")
@@ -103,16 +145,20 @@ def _sweep(args: argparse.Namespace) -> None:
                         verbose=args.verbose)
     print(json.dumps({"sweep": outcome.name, "finished": outcome.finished,
                       "requested": outcome.requested, f"best {space.metric}": outcome.best_value,
-                      "best_config": outcome.best_config_path}, indent=2))
-    if outcome.interrupted:
+                      "best_config": outcome.best_config_path,
+                      **_ui(info.tracking_uri, info.parent_run_id)}, indent=2))
+    if outcome.interrupted:  # Tune stopped on Ctrl-C and saved the sweep
         print(f"interrupted: {resume_hint(outcome.name)}", file=sys.stderr)
+        raise Interrupted()
 
 
 def _runs(args: argparse.Namespace) -> None:
-    from urm_ray.runs import list_runs
+    from urm_ray.runs import list_runs, ui_hint
     from urm_ray.tracking import resolve_tracking_uri
 
-    print(list_runs(resolve_tracking_uri(args.tracking_uri), args.experiment, args.limit))
+    uri = resolve_tracking_uri(args.tracking_uri)
+    print(list_runs(uri, args.experiment, args.limit))
+    print(ui_hint(uri, args.experiment), file=sys.stderr)  # stdout: the table alone
 
 
 def _best(args: argparse.Namespace) -> None:
@@ -130,24 +176,38 @@ def _final(args: argparse.Namespace) -> None:
                     scale_up_s=args.scale_up, verbose=args.verbose, live=sys.stderr.isatty())
     summary = {k: v for k, v in outcome.metrics.items() if k.startswith(("eval/", "arc/")) or k == "step"}
     print(json.dumps({"winner_trial": outcome.winner, "seed_scores": outcome.scores,
-                      "mlflow_run_id": outcome.run_id, "registered_model": outcome.model_name,
+                      "mlflow_run_id": outcome.run_id, **_ui(_sweep_tracking_uri(args), outcome.run_id),
+                      "registered_model": outcome.model_name,
                       "model_version": outcome.model_version, **summary}, indent=2))
+
+
+def _sweep_tracking_uri(args: argparse.Namespace) -> str:
+    from urm_ray.tune.sweep import load_sweep
+
+    return load_sweep(args.name, args.dir)[0].tracking_uri
+
+
+def _command(sub: argparse._SubParsersAction, name: str, summary: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand whose --help ends with its examples (``EXAMPLES``)."""
+    return sub.add_parser(name, help=summary, description=summary[:1].upper() + summary[1:] + ".",
+                          epilog=EXAMPLES[name], formatter_class=argparse.RawDescriptionHelpFormatter,
+                          **kwargs)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="urm-ray", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("presets", help="list shipped training configs").set_defaults(func=_presets)
+    _command(sub, "presets", "list shipped training configs").set_defaults(func=_presets)
 
-    train = sub.add_parser("train", help="train one run (resumes when train.run_name exists)")
+    train = _command(sub, "train", "train one run (resumes when train.run_name exists)")
     train.add_argument("config", help="YAML path or preset name (see `urm-ray presets`)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.loops=8")
     _scale_up_option(train)
     _verbose_option(train)
     train.set_defaults(func=_train)
 
-    ev = sub.add_parser("eval", help="evaluate a checkpoint folder on its held-out split")
+    ev = _command(sub, "eval", "evaluate a checkpoint folder on its held-out split")
     ev.add_argument("checkpoint")
     ev.add_argument("--split", default="", help="split to evaluate (default: data.eval_split)")
     ev.add_argument("--max-rows", type=int, default=0, help="0 = all rows (ARC: test pairs)")
@@ -167,7 +227,7 @@ def _parser() -> argparse.ArgumentParser:
     _verbose_option(ev)
     ev.set_defaults(func=_eval)
 
-    sa = sub.add_parser("sample", help="generate boards from the empty input (GRAM) and verify them")
+    sa = _command(sub, "sample", "generate boards from the empty input (GRAM) and verify them")
     sa.add_argument("checkpoint")
     sa.add_argument("--num", type=int, default=32, help="samples, drawn as one batch")
     sa.add_argument("--seed", type=int, default=0)
@@ -178,21 +238,21 @@ def _parser() -> argparse.ArgumentParser:
 
     _sweep_parsers(sub)
 
-    runs = sub.add_parser("runs", aliases=["ls"], help="list the runs and sweeps in the MLflow store")
+    runs = _command(sub, "runs", "list the runs and sweeps in the MLflow store", aliases=["ls"])
     runs.add_argument("--tracking-uri", default="",
                       help="MLflow URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     runs.add_argument("--experiment", default="", help="only this MLflow experiment")
     runs.add_argument("--limit", type=int, default=50, help="the newest N runs (default 50)")
     runs.set_defaults(func=_runs)
 
-    data = sub.add_parser("data", help="build a dataset").add_subparsers(dest="task", required=True)
+    data = _command(sub, "data", "build a dataset").add_subparsers(dest="task", required=True)
     for task in registry.TASKS.values():
         task.add_builder(data)
     return parser
 
 
 def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
-    sweep = sub.add_parser("sweep", help="run (or --resume) a hyperparameter sweep")
+    sweep = _command(sub, "sweep", "run (or --resume) a hyperparameter sweep")
     sweep.add_argument("space", nargs="?",
                        help="search-space YAML or the name of a shipped space (urm_ray/search_spaces)")
     sweep.add_argument("overrides", nargs="*",
@@ -207,13 +267,13 @@ def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
     _verbose_option(sweep)
     sweep.set_defaults(func=_sweep)
 
-    best = sub.add_parser("best", help="print and export the best config of a sweep")
+    best = _command(sub, "best", "print and export the best config of a sweep")
     best.add_argument("name")
     best.add_argument("--out", default="", help="YAML file to write (default <sweep>/best_config.yaml)")
     best.add_argument("--dir", default="sweeps")
     best.set_defaults(func=_best)
 
-    fin = sub.add_parser("final", help="re-run the top configs over seeds, train and register the winner")
+    fin = _command(sub, "final", "re-run the top configs over seeds, train and register the winner")
     fin.add_argument("name")
     fin.add_argument("overrides", nargs="*", help="for the final run, e.g. train.num_workers=2")
     fin.add_argument("--seeds", type=int, default=0, help="seeds per top config (default: the space's)")
@@ -254,9 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     if not getattr(args, "verbose", False):
-        # read by MLflow when it is first imported (the commands import it lazily), and by the
-        # Ray workers this process starts
-        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+        quiet()
     func: Callable[[argparse.Namespace], None] = args.func
     try:
         func(args)
@@ -266,7 +324,29 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingFailed as err:
         print(f"urm-ray: training failed: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # Ctrl-C: the command has said what it left and how to resume (train: "rerun with
+        # train.run_name=..."; sweep: "resume with ..."); a traceback under that would only hide it
+        return 130  # 128 + SIGINT, as the shell reports a command that Ctrl-C stopped
     return 0
+
+
+def quiet() -> None:
+    """Keep the libraries' chatter off the terminal (without --verbose): MLflow's INFO messages,
+    matplotlib's "building the font cache" line (a sweep's plots). Ray's output is kept in its
+    log files by ``init_ray``, Optuna's by ``quiet_optuna``."""
+    # read by MLflow when it is first imported (the commands import it lazily), and by the Ray
+    # workers this process starts
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    logging.getLogger("matplotlib").setLevel(logging.ERROR)
+
+
+def quiet_optuna() -> None:
+    """Optuna's INFO lines ("A new study created in RDB ...", one per trial told) off the
+    terminal. Optuna sets its logger's level when first imported, so this comes after."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def run() -> int:

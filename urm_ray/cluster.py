@@ -48,14 +48,19 @@ def init_ray(num_cpus: int | None = None, verbose: bool = False, dashboard: bool
     instance for a run that trains in this process needs no State API (``dashboard=False``): one
     second less to start here, and a dozen dashboard processes fewer competing with training.
 
-    Quiet (``verbose=False``): the output of Ray's workers and actors stays in Ray's log files
-    (``/tmp/ray/session_latest/logs``) instead of reaching this terminal, and the driver's
+    Quiet (``verbose=False``): the output of Ray's workers, actors and raylet stays in Ray's log
+    files (``/tmp/ray/session_latest/logs``) instead of reaching this terminal, and the driver's
     ``ray`` loggers show errors only (Ray Data's too: it runs in this process for ``urm-ray eval``,
     and sets its own level when imported).
     """
     global _private_gcs
     if not verbose:
         logging.getLogger("ray.data").setLevel(logging.ERROR)
+    # The driver prints the raylet's warnings ("(raylet) N PYTHON worker processes have been
+    # started ... the maximum expected startup concurrency", many per sweep on a small machine)
+    # whatever log_to_driver says; they stay in the raylet's log. The flag is Ray's own switch
+    # for this output (its debugger turns it off at a breakpoint).
+    ray._private.worker._worker_logs_enabled = verbose
     quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
     if os.environ.get("RAY_ADDRESS", "local") != "local":
         log.info("joining Ray at %s", os.environ["RAY_ADDRESS"])

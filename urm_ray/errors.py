@@ -10,6 +10,12 @@ class DataError(ValueError):
     """A data file or dataset folder is malformed; the message names the file and row/task."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the command after it said what it left behind and how to resume (logged or
+    printed already, or the message, when there is one). ``urm-ray`` exits 130 on it, without a
+    traceback, as on any KeyboardInterrupt."""
+
+
 class TrainingFailed(RuntimeError):
     """A run stopped on an error in its workers (not a bad config or input); the message is the
     error's last line, e.g. ``worker rank 0: the checkpoint of step 20 could not be written ...``."""

@@ -5,6 +5,9 @@
     sweep-qs    qs                   sweep  RUNNING   3/8      0.8120 (t002)
     sweep-qs    qs-t002              trial  FINISHED  400/400  0.8120                    sweeps/qs/trials/...
 
+Below the table (on stderr): each listed experiment's page in MLflow's UI, in its model-training
+view, and how to start the UI on a local store.
+
 Step: the last logged training step out of ``train.steps`` (a sweep: trials finished out of
 requested). Best: the highest held-out exact accuracy the run logged (a sweep: its objective).
 Checkpoint: the final one of a finished run, else the latest one on local storage. State:
@@ -104,3 +107,15 @@ def list_runs(tracking_uri: str, experiment: str = "", limit: int = 50,
         else:
             rows.append(train_row(tracking_uri, run, now))
     return render(rows, HEADER)
+
+
+def ui_hint(tracking_uri: str, experiment: str = "") -> str:
+    """Where MLflow's UI lists the runs: one link per experiment (``tracking.ui_url``), after the
+    command that serves a local store."""
+    pages = tracking.experiments_with_runs(tracking_uri, experiment)
+    remote = tracking_uri.startswith(("http://", "https://"))
+    lines = ["MLflow UI:" if remote else f"MLflow UI: mlflow ui --backend-store-uri {tracking_uri}, then open"]
+    width = max(map(len, pages), default=0)
+    lines += [f"  {name:{width}s}  {tracking.ui_url(tracking_uri, experiment_id)}"
+              for name, experiment_id in pages.items()]
+    return "\n".join(lines)

@@ -34,6 +34,13 @@ SWEEP_TAG = "urm_ray.sweep"
 TRIAL_TAG = "urm_ray.trial"
 CHECKPOINT_TAG = "urm_ray.checkpoint"  # the final checkpoint (folder or URI) of a finished run
 HEARTBEAT_TAG = "urm_ray.heartbeat"  # unix time of the driver's last beat (`urm_ray.heartbeat`)
+# The experiment's kind as MLflow 3 records it (what its UI's experiment-type setting writes;
+# values in mlflow/server/js: genai_development, custom_model_development, ...): every experiment
+# urm_ray creates or logs into is model training. MLflow 3.17's own UI picks its view by the
+# browser's GenAI / Model training switch instead: see ``ui_url``.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"
+UI_DEFAULT = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
 _BATCH_LIMIT = 100  # MLflow accepts at most 100 params per log_batch call
 _DATASET_ATTEMPTS = 3  # log_inputs tries: the dataset's insert races with concurrent runs
 
@@ -183,16 +190,19 @@ def find_run(client: MlflowClient, experiment_id: str, run_name: str) -> str | N
 
 
 def _experiment_id(client: MlflowClient, name: str) -> str:
+    """The experiment's id, created if missing, and marked as model training (``EXPERIMENT_KIND_TAG``)
+    unless it already says what kind it is."""
     experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    try:
-        return client.create_experiment(name)
-    except MlflowException:  # another process created it between the two calls
-        experiment = client.get_experiment_by_name(name)
-        if experiment is None:
-            raise
-        return experiment.experiment_id
+    if experiment is None:
+        try:
+            return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+        except MlflowException:  # another process created it between the two calls
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+    if EXPERIMENT_KIND_TAG not in experiment.tags:  # made by an older urm_ray, or by hand
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+    return experiment.experiment_id
 
 
 def _is_duplicate(err: MlflowException) -> bool:
@@ -252,6 +262,7 @@ class RunSummary:
     params: dict[str, str]
     metrics: dict[str, float]  # latest value of each metric
     experiment: str = ""
+    experiment_id: str = ""
 
 
 def find_run_id(tracking_uri: str, experiment: str, run_name: str) -> str | None:
@@ -294,8 +305,36 @@ def search_runs(tracking_uri: str, experiment: str = "", max_results: int = 1000
         return []
     runs = client.search_runs(ids, max_results=max_results, order_by=["attributes.start_time DESC"])
     return [RunSummary(r.info.run_id, r.info.run_name, r.info.status, dict(r.data.tags),
-                       dict(r.data.params), dict(r.data.metrics), names[r.info.experiment_id])
+                       dict(r.data.params), dict(r.data.metrics), names[r.info.experiment_id],
+                       r.info.experiment_id)
             for r in runs]
+
+
+def ui_url(tracking_uri: str, experiment_id: str, run_id: str = "") -> str:
+    """The MLflow UI's page of an experiment's runs (or of one run) in its model-training view.
+
+    MLflow 3.17's UI opens every experiment in its GenAI view (traces, "Detect Issues") until the
+    browser is switched to "Model training" (kept in the browser's local storage); the experiment
+    tag ``EXPERIMENT_KIND_TAG`` does not change that, the page's ``workflowType`` parameter does.
+    A tracking server's page is on that server; a local store's, where `mlflow ui` serves it by
+    default."""
+    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else UI_DEFAULT
+    page = f"experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{base}/#/{page}?workflowType=machine_learning"
+
+
+def experiments_with_runs(tracking_uri: str, experiment: str = "") -> dict[str, str]:
+    """Name -> id of the experiments (``experiment`` only, when given) that hold a run."""
+    client = MlflowClient(tracking_uri)
+    return {e.name: e.experiment_id for e in client.search_experiments()
+            if (not experiment or e.name == experiment)
+            and client.search_runs([e.experiment_id], max_results=1)}
+
+
+def run_ui_url(tracking_uri: str, run_id: str) -> str:
+    """``ui_url`` of one run."""
+    run = MlflowClient(tracking_uri).get_run(run_id)
+    return ui_url(tracking_uri, run.info.experiment_id, run_id)
 
 
 def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, float]]:

@@ -33,19 +33,23 @@ class TrainConfig:
     global_batch_size: int = 256  # rows per step summed over all workers
     num_workers: int = 1  # Ray Train workers (DDP ranks)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto = GPU when the cluster has one
-    cpus_per_worker: float = 1.0
-    torch_threads: int = 0  # intra-op threads per worker; 0 = cpus_per_worker rounded down (min 1)
+    cpus_per_worker: float = 1.0  # CPUs each worker reserves from Ray (fractions allowed)
+    # intra-op threads per worker; 0 = the CPUs it is given: this machine's for a run in the
+    # command's own process, else train.cpus_per_worker rounded down (min 1)
+    torch_threads: int = 0
     gpus_per_worker: float = 1.0  # used only when training on GPU
+    # the answer loss's cross-entropy: stablemax or softmax
     loss: Literal["stablemax", "softmax"] = "stablemax"
-    # the answer loss's targets: "label" = the dataset's label; "nearest" = the valid answer
-    # nearest to the row's own decode, from the task's exhaustive search (multi-solution tasks:
-    # a loss that is the minimum over the valid answers, so a valid answer other than the label
-    # is not pulled towards it; small colouring, N-Queens and 4x4 Sudoku)
+    # the answer loss's targets: label = the dataset's label; nearest = the valid answer nearest to
+    # the row's own decode, from the task's exhaustive search, so a valid answer other than the
+    # label is not pulled towards it (small colouring, N-Queens and 4x4 Sudoku)
     label_targets: Literal["label", "nearest"] = "label"
+    # the model's initialisation and each worker's random draws (ACT exploration, GRAM noise); the
+    # data order and augmentations follow data.shuffle_seed
     seed: int = 0
     log_every: int = 20  # steps between metric reports
     eval_every: int = 500  # steps between evaluations on the held-out split (0 = end only)
-    eval_batch_size: int = 512
+    eval_batch_size: int = 512  # rows per evaluation batch; each worker scores a share of the batches
     eval_max_rows: int = 0  # 0 = the whole held-out split
     # K sampled trajectories per held-out row, majority-voted, with coverage (distinct valid
     # answers) by the task's verifier: for stochastic models (GRAM). 0 = off
@@ -54,18 +58,15 @@ class TrainConfig:
     # augmented views of each held-out test input, as `urm-ray eval` does. 0 = off
     eval_arc_views: int = 0
     checkpoint_every: int = 500  # steps between checkpoints (0 = end only)
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # newest checkpoints kept; older ones are deleted
     max_failures: int = 0  # worker-group restarts from the latest checkpoint after a crash
-    # Run the one worker in the driver's own process (Ray Train's local mode, with this package's
-    # checkpoint storage) instead of a Ray Train worker actor: no controller, worker group or data
-    # split actors to start (a 50-step sudoku4-urm run: 43 -> 21 s on 2 cores,
-    # bench/run_overhead.py). auto = when that changes nothing else: one worker, no restarts
-    # (max_failures 0), no custom worker resources, a local storage folder, and a private local
-    # Ray instance (no cluster joined)
+    # where a run's one worker trains: true = in the command's own process; false = in a Ray Train
+    # worker actor; auto = in the process when nothing else changes (one worker, no restarts, no
+    # custom worker resources, local storage, a private local Ray instance). A sweep's one-worker
+    # trial trains in its Tune trial actor either way
     in_process: bool | Literal["auto"] = "auto"
-    # bf16 autocast: auto = on GPU only; true = on GPU and on CPU (where the CPU has native bf16,
-    # AVX512-BF16 or AMX, its matmuls run 3-4x faster: bench/throughput.py --precisions fp32 bf16);
-    # false = off
+    # bf16 autocast: auto = on GPU only; true = on GPU and on CPU (worth it where the CPU has
+    # native bf16, AVX512-BF16 or AMX: bench/throughput.py --precisions fp32 bf16); false = off
     bf16: bool | Literal["auto"] = "auto"
     # torch.compile the segment core and the loss (urm_ray.train.compiled): true, false, or
     # auto = on CUDA only (on CPU, compiling costs more than a short run saves)
@@ -94,11 +95,13 @@ class TrainConfig:
             raise ConfigError(f"train.cpus_per_worker={self.cpus_per_worker} must be > 0")
         if self.torch_threads < 0:
             raise ConfigError(f"train.torch_threads={self.torch_threads} must be >= 0")
-        if self.in_process is True and (self.num_workers != 1 or self.max_failures or self.worker_resources):
+        if self.in_process is True and (self.num_workers != 1 or self.max_failures or self.worker_resources
+                                        or "://" in self.storage_path):
             raise ConfigError(
-                "train.in_process=true runs one worker in the driver's process: it needs "
-                f"train.num_workers=1 (got {self.num_workers}), train.max_failures=0 (got {self.max_failures}) and no "
-                f"train.worker_resources (got {self.worker_resources})")
+                "train.in_process=true runs one worker in the command's process: it needs "
+                f"train.num_workers=1 (got {self.num_workers}), train.max_failures=0 (got {self.max_failures}), no "
+                f"train.worker_resources (got {self.worker_resources}) and a local train.storage_path "
+                f"(got {self.storage_path!r})")
         if self.keep_checkpoints < 1:
             raise ConfigError(f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")
         for name, amount in self.worker_resources.items():
@@ -125,8 +128,8 @@ class TrainConfig:
 class TrackingConfig:
     """Where MLflow records the run (rank 0 only)."""
 
-    enabled: bool = True
-    experiment: str = "urm-ray"
+    enabled: bool = True  # false = no MLflow run at all
+    experiment: str = "urm-ray"  # MLflow experiment name (created when missing)
     # "" = $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db (made absolute on the driver)
     tracking_uri: str = ""
     log_checkpoint: bool = True  # upload the final checkpoint as an artifact

@@ -245,6 +245,8 @@ def _fit(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None,
         cfg.train.warn_unused_on_cpu(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     check_resources(cfg, gpu)
     here = not callbacks and runs_in_process(cfg)
+    if here and not cfg.train.torch_threads:  # the run is given this machine (a private Ray instance)
+        cfg = replace(cfg, train=replace(cfg.train, torch_threads=len(os.sched_getaffinity(0))))
     run_id = open_mlflow_run(cfg, meta, tags, params)
     logger.info("starting %d Ray Train worker(s) (%s)%s for run %s", cfg.train.num_workers,
                 "GPU" if gpu else "CPU", " in this process" if here else "", cfg.train.run_name)

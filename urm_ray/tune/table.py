@@ -1,13 +1,15 @@
 """The live table of trials printed while a sweep runs, under a line with the sweep's progress.
 
-    sweep: 2/8 trials finished, 1 running; best eval/exact_accuracy 0.8120 (t000)
-    trial  state      step  eval/exact_accuracy  best    loops  truncation  lr
-    t000   completed  400   0.8120               0.8120  4      1           0.00131
-    t003   pruned     100   0.2030               0.2030  2      0           0.00042
-    t004   running    150   0.3310               0.3310  6      2           0.00210
+    sweep: 2/8 trials finished (1 completed, 1 pruned), 1 running; best eval/exact_accuracy 0.812 (t000)
+    trial  state      step  eval/exact_accuracy  best   loops  truncation  lr
+    t000   completed  400   0.812                0.812  4      1           0.00131
+    t003   pruned     100   0.203                0.203  2      0           0.00042
+    t004   running    150   0.331                0.331  6      2           0.0021
 
-On a terminal the table is redrawn in place every few seconds; otherwise (a log file, CI) it is
-printed when a trial finishes.
+The table holds the ``TOP`` trials by their best value and the running ones, whatever the
+sweep's size; a line under it counts the others (``urm-ray runs`` and the MLflow UI list every
+trial). On a terminal it is redrawn in place every few seconds; otherwise (a log file, CI) each
+finished trial prints the progress line and its own row, and the table is printed at the end.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from urm_ray.tune.fate import trial_fate
 from urm_ray.tune.trial import split_config
 
 REFRESH_S = 5.0
+TOP = 10  # finished trials shown, best first
 STATES = {Trial.PENDING: "pending", Trial.RUNNING: "running", Trial.PAUSED: "paused",
           Trial.ERROR: "failed"}
 
@@ -67,11 +70,21 @@ class TrialTable(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self.fates[trial.trial_id] = trial_fate(trial, self.full_steps)
-        self.draw(trials)
+        self._finished(trials, trial)
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self.fates[trial.trial_id] = "failed"
-        self.draw(trials)
+        self._finished(trials, trial)
+
+    def _finished(self, trials: list[Trial], trial: Trial) -> None:
+        """A terminal redraws the table; a log gets the progress line and the trial's row (a
+        sweep of N trials writes O(N) lines, not N tables)."""
+        if self._live():
+            self.draw(trials)
+            return
+        keys = self._keys(trials)
+        self.out.write(f"{self.summary(trials)}\n{render([self._row(trial, keys)], self._header(keys))}\n")
+        self.out.flush()
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         self.draw(trials)
@@ -86,27 +99,47 @@ class TrialTable(Callback):
         self._last_draw = time.monotonic()
 
     def summary(self, trials: list[Trial]) -> str:
-        """Trials finished out of those requested, how many run, and the best value so far."""
+        """Trials finished out of those requested (by fate), how many run, and the best value."""
         running = sum(t.status == Trial.RUNNING and t.trial_id not in self.fates for t in trials)
-        line = f"sweep: {len(self.fates)}/{self.requested} trials finished, {running} running"
+        by_fate: dict[str, int] = {}
+        for fate in self.fates.values():
+            by_fate[fate] = by_fate.get(fate, 0) + 1
+        fates = f" ({', '.join(f'{n} {fate}' for fate, n in sorted(by_fate.items()))})" if by_fate else ""
+        line = f"sweep: {len(self.fates)}/{self.requested} trials finished{fates}, {running} running"
         if not self.best:
             return line
-        pick = max if self.mode == "max" else min
-        best_id = pick(self.best, key=self.best.__getitem__)
+        best_id = self._ranked(list(self.best))[0]
         names = {t.trial_id: f"t{split_config(t.config)[0]:03d}" for t in trials}
         return f"{line}; best {self.metric} {short(self.best[best_id])} ({names.get(best_id, '?')})"
 
     def table(self, trials: list[Trial]) -> str:
-        keys = sorted({k for t in trials for k in split_config(t.config)[1]})
-        header = ["trial", "state", "step", self.metric, "best", *(k.split(".")[-1] for k in keys)]
-        rows = []
-        for trial in sorted(trials, key=lambda t: split_config(t.config)[0]):
-            number, values = split_config(trial.config)
-            last = trial.last_result or {}
-            rows.append([f"t{number:03d}", self._state(trial), short(last.get("step", "")),
-                         short(last.get(self.metric, "")), short(self.best.get(trial.trial_id, "")),
-                         *(short(values.get(k, "")) for k in keys)])
-        return render(rows, header)
+        """The ``TOP`` trials by best value and every running one, by trial number; then a line
+        counting the trials left out."""
+        keys = self._keys(trials)
+        by_id = {t.trial_id: t for t in trials}
+        top = set(self._ranked([i for i in self.best if i in by_id])[:TOP])
+        running = {t.trial_id for t in trials if t.status == Trial.RUNNING and t.trial_id not in self.fates}
+        shown = sorted((by_id[i] for i in top | running), key=lambda t: split_config(t.config)[0])
+        text = render([self._row(t, keys) for t in shown], self._header(keys))
+        hidden = len(trials) - len(shown)
+        return f"{text}\n... {hidden} more (urm-ray runs lists every trial)" if hidden > 0 else text
+
+    def _ranked(self, ids: list[str]) -> list[str]:
+        """Trial ids by their best value, best first."""
+        return sorted(ids, key=self.best.__getitem__, reverse=self.mode == "max")
+
+    def _keys(self, trials: list[Trial]) -> list[str]:
+        return sorted({k for t in trials for k in split_config(t.config)[1]})
+
+    def _header(self, keys: list[str]) -> list[str]:
+        return ["trial", "state", "step", self.metric, "best", *(k.split(".")[-1] for k in keys)]
+
+    def _row(self, trial: Trial, keys: list[str]) -> list[str]:
+        number, values = split_config(trial.config)
+        last = trial.last_result or {}
+        return [f"t{number:03d}", self._state(trial), short(last.get("step", "")),
+                short(last.get(self.metric, "")), short(self.best.get(trial.trial_id, "")),
+                *(short(values.get(k, "")) for k in keys)]
 
     def _state(self, trial: Trial) -> str:
         if trial.trial_id in self.fates:

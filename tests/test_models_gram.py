@@ -27,7 +27,6 @@ PAPER = {"kl_transitions": "last", "kl_reduction": "sum", "halt_decode": "poster
         ({"noise_scale": -0.5}, "model.noise_scale=-0.5"),
         ({"kl_coef": -1.0}, "model.kl_coef=-1.0"),
         ({"kl_balance": 1.5}, "model.kl_balance=1.5"),
-        ({"kl_free_nats": -1.0}, "model.kl_free_nats=-1.0"),
         ({"prior_match": -0.5}, "model.prior_match=-0.5"),
         ({"prior_match": 1.0, "prior_match_start": -1}, "model.prior_match_start=-1"),
         ({"kl_coef_start": 0.5}, r"model.kl_coef_start=0.5 needs .* model.kl_ramp_steps >= 1 \(got 0\)"),

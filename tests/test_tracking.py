@@ -174,6 +174,8 @@ def test_ui_links_open_the_model_training_view(tmp_path: Path):
     experiment_id = MlflowClient(uri).get_experiment_by_name("exp").experiment_id
     assert tracking.run_ui_url(uri, run_id) == (
         f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning")
+    assert tracking.run_ui_url(uri, run_id, experiment=True) == (  # a sweep: its trials' list
+        f"http://127.0.0.1:5000/#/experiments/{experiment_id}?workflowType=machine_learning")
     assert tracking.ui_url("http://mlflow.lan:5000/", "7") == (
         "http://mlflow.lan:5000/#/experiments/7?workflowType=machine_learning")
     hint = ui_hint(uri).splitlines()

@@ -88,8 +88,13 @@ def test_a_run_learns_and_is_recorded_in_mlflow(ray_local, tmp_path: Path, sudok
     assert run.data.params["model.loops"] == "4"
     assert run.data.params["train.global_batch_size"] == "64"
     assert run.data.params["data.path"] == str(sudoku4)
-    assert {"train/lm_loss", "train/exact_accuracy", "train/lr", "train/samples_per_s",
+    assert {"train/lm_loss", "train/exact_accuracy", "train/lr", "train/samples_per_s", "train/act_segments",
             "eval/exact_accuracy", "eval/token_accuracy", "eval/mean_segments"} <= set(run.data.metrics)
+    assert "train/steps" not in run.data.metrics  # the mean ACT segments, named as such
+    assert 1 <= run.data.metrics["train/act_segments"] <= 4  # model.max_segments
+    experiment = client.get_experiment(run.info.experiment_id)  # MLflow's UI: a training experiment
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert summary["mlflow_ui"].endswith(f"/runs/{run.info.run_id}?workflowType=machine_learning")
     assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/exact_accuracy")] == [150, 300]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "checkpoint"} <= artifacts
@@ -199,7 +204,8 @@ def test_arc_tiny_trains_and_logs_pass_at_2(ray_local, tmp_path: Path, capsys):
 
 def test_ctrl_c_closes_the_run_killed(tmp_path: Path, sudoku4: Path):
     """SIGINT to `urm-ray train` once it trains: the MLflow run ends KILLED, not RUNNING or FAILED,
-    and the command says how to resume from the checkpoint it has."""
+    and the command's last words say how to resume from the checkpoint it has (no traceback
+    under them); it exits 130."""
     import signal
     import time
 

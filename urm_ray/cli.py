@@ -84,11 +84,14 @@ def _train(args: argparse.Namespace) -> None:
                       **_ui(cfg.tracking.tracking_uri, result.mlflow_run_id), **summary}, indent=2))
 
 
-def _ui(tracking_uri: str, run_id: str | None) -> dict[str, str]:
-    """The run's page in MLflow's UI, for the printed summary (none when tracking is off)."""
+def _ui(tracking_uri: str, run_id: str | None, experiment: bool = False) -> dict[str, str]:
+    """The run's page in MLflow's UI (``experiment``: its experiment's runs) for the printed
+    summary; none when tracking is off."""
     from urm_ray.tracking import resolve_tracking_uri, run_ui_url
 
-    return {"mlflow_ui": run_ui_url(resolve_tracking_uri(tracking_uri), run_id)} if run_id else {}
+    if not run_id:
+        return {}
+    return {"mlflow_ui": run_ui_url(resolve_tracking_uri(tracking_uri), run_id, experiment)}
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -146,7 +149,7 @@ def _sweep(args: argparse.Namespace) -> None:
     print(json.dumps({"sweep": outcome.name, "finished": outcome.finished,
                       "requested": outcome.requested, f"best {space.metric}": outcome.best_value,
                       "best_config": outcome.best_config_path,
-                      **_ui(info.tracking_uri, info.parent_run_id)}, indent=2))
+                      **_ui(info.tracking_uri, info.parent_run_id, experiment=True)}, indent=2))
     if outcome.interrupted:  # Tune stopped on Ctrl-C and saved the sweep
         print(f"interrupted: {resume_hint(outcome.name)}", file=sys.stderr)
         raise Interrupted()
@@ -342,11 +345,12 @@ def quiet() -> None:
 
 
 def quiet_optuna() -> None:
-    """Optuna's INFO lines ("A new study created in RDB ...", one per trial told) off the
-    terminal. Optuna sets its logger's level when first imported, so this comes after."""
+    """Optuna's lines off the terminal: "A new study created in RDB ...", and the report's plots
+    warning "There are no complete trials" for a sweep stopped before its first. Optuna sets its
+    logger's level when first imported, so this comes after."""
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
 
 
 def run() -> int:

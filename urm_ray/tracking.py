@@ -331,10 +331,10 @@ def experiments_with_runs(tracking_uri: str, experiment: str = "") -> dict[str, 
             and client.search_runs([e.experiment_id], max_results=1)}
 
 
-def run_ui_url(tracking_uri: str, run_id: str) -> str:
-    """``ui_url`` of one run."""
+def run_ui_url(tracking_uri: str, run_id: str, experiment: bool = False) -> str:
+    """``ui_url`` of one run (``experiment``: of the runs of its experiment, e.g. a sweep's trials)."""
     run = MlflowClient(tracking_uri).get_run(run_id)
-    return ui_url(tracking_uri, run.info.experiment_id, run_id)
+    return ui_url(tracking_uri, run.info.experiment_id, "" if experiment else run_id)
 
 
 def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, float]]:

@@ -39,6 +39,16 @@ def test_bad_override_is_a_clean_error(capsys):
     assert "model.truncation=9" in err and "model.loops=4" in err
 
 
+def test_a_missing_dataset_says_how_to_build_one(tmp_path: Path, capsys):
+    """Before Ray starts: the path, and the `urm-ray data` command for it (the task from the
+    folder's name when it says one)."""
+    for folder, command in (("my-sudoku", "urm-ray data sudoku --out"), ("puzzles", "urm-ray data <task> --out")):
+        assert main(["train", "sudoku4-urm", f"data.path={tmp_path / folder}"]) == 2
+        err = capsys.readouterr().err
+        assert f"data.path={tmp_path / folder}: no dataset there" in err, err
+        assert f"{command} {tmp_path / folder} ...`" in err and "data.path=builtin:sudoku4" in err, err
+
+
 def test_csv_flags_must_come_together(tmp_path: Path, capsys):
     assert main(["data", "sudoku", "--out", str(tmp_path / "x"), "--train-csv", "a.csv"]) == 2
     assert "--test-csv" in capsys.readouterr().err

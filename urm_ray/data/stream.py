@@ -27,6 +27,7 @@ import logging
 import os
 import warnings
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,7 +49,7 @@ from urm_ray.data.store import (
 from urm_ray.data.tasks import arc, registry
 from urm_ray.data.tasks.arc import augment as arc_augment
 from urm_ray.data.tasks.task import PuzzleTask
-from urm_ray.errors import ConfigError
+from urm_ray.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     import torch
@@ -72,9 +73,22 @@ def load_meta(cfg: DataConfig) -> DatasetMeta:
     """The validated metadata of `cfg.path`, its task and augmentation known to the registry."""
     if not cfg.path:
         raise ConfigError("data.path is empty; expected a dataset folder with metadata.json")
+    if "://" not in cfg.path and not (Path(cfg.path) / METADATA_FILE).is_file():
+        raise DataError(missing_dataset(cfg.path))
     meta = read_metadata(cfg.path)
     registry.of(meta, f"{cfg.path}/{METADATA_FILE}")
     return meta
+
+
+def missing_dataset(path: str) -> str:
+    """What to do about a data.path that holds no dataset: the command that builds one there (its
+    task guessed from the folder's name, e.g. sudoku4 -> sudoku), or a built-in dataset."""
+    name = Path(path).name.lower()
+    task = next((t for t in registry.TASKS if t in name), "<task>")
+    return (f"data.path={path}: no dataset there ({Path(path) / METADATA_FILE} not found). Build one "
+            f"with `urm-ray data {task} --out {path} ...` (tasks: {', '.join(registry.TASKS)}; "
+            f"`urm-ray data {task} --help` lists the options), or train on a built-in one, e.g. "
+            "data.path=builtin:sudoku4")
 
 
 def augmentation_slots(cfg: DataConfig) -> int:

@@ -276,7 +276,7 @@ def test_sweep_trials_land_on_different_nodes_and_survive_a_preempted_one(tmp_pa
     """Both trials run at once, one per worker node. Once each has a checkpoint, one worker node
     is removed (a reclaimed spot node) and a fresh one joins: the sweep still finishes both
     trials, the one that lost its node retried from its checkpoint, each MLflow run continuous
-    (every logged step once, none missing) and closed FINISHED."""
+    (every logged step once, none missing) and closed FINISHED; the sweep's terminal stays quiet."""
     from mlflow.tracking import MlflowClient
     from ray.cluster_utils import Cluster
     from ray.util.state import list_actors
@@ -294,7 +294,9 @@ def test_sweep_trials_land_on_different_nodes_and_survive_a_preempted_one(tmp_pa
         uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
         cmd = [sys.executable, "-m", "urm_ray.cli", "sweep", str(space), "--name", "nodes",
                "--dir", str(tmp_path / "sweeps"), f"data.path={data}", f"tracking.tracking_uri={uri}"]
-        with subprocess.Popen(cmd, env=subprocess_env(RAY_ADDRESS=cluster.address), text=True,
+        # a fresh matplotlib font cache, as on a first sweep: its build is logged unless quiet
+        env = subprocess_env(RAY_ADDRESS=cluster.address, MPLCONFIGDIR=str(tmp_path / "mpl"))
+        with subprocess.Popen(cmd, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) as sweep:
             _wait_for_checkpoints(tmp_path / "sweeps" / "nodes" / "trials", 2, sweep, 400)
             cluster.remove_node(nodes[0])  # its trial's worker dies with it
@@ -302,6 +304,9 @@ def test_sweep_trials_land_on_different_nodes_and_survive_a_preempted_one(tmp_pa
             out, err = sweep.communicate(timeout=600)
         assert sweep.returncode == 0, out[-3000:] + err[-3000:]
         assert '"finished": 2' in out
+        # the terminal shows the sweep, not Ray's, Optuna's or matplotlib's chatter (--verbose does)
+        for noise in ("(raylet)", "worker processes have been started", "A new study created", "matplotlib"):
+            assert noise not in out + err, (noise, out[-3000:] + err[-3000:])
 
         client = MlflowClient(uri)
         experiment = client.get_experiment_by_name("sweep-nodes")

@@ -28,7 +28,7 @@ from ray import tune
 from urm_ray import tracking
 from urm_ray.cluster import init_ray, scaled_up
 from urm_ray.config import RunConfig, apply_overrides, build_config, dump_yaml, with_values
-from urm_ray.errors import ConfigError
+from urm_ray.errors import ConfigError, Interrupted
 from urm_ray.progress import Progress
 from urm_ray.tracking import KIND_TAG, SWEEP_TAG, TRIAL_TAG
 from urm_ray.tune.final_view import RecheckProgress, run_label
@@ -156,6 +156,12 @@ def _reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTria
         run_config=tune.RunConfig(name="final-seeds", storage_path=str(info.path), verbose=0,
                                   callbacks=[RecheckProgress(labels, space.metric, live)]),
     ).fit()
+    # Ctrl-C: Tune stops the grid and returns; a run it stopped (or never started) is not done
+    if any(r.error is None and not (r.metrics or {}).get("done") for r in grid):
+        tracking.close_run(info.tracking_uri, parent, "KILLED")
+        logger.warning("final %s stopped during its re-check; `urm-ray final %s` starts it again",
+                       info.name, info.name)
+        raise Interrupted()
     scores: dict[int, list[float]] = {t.number: [] for t in candidates}
     for result in grid:
         if result.error is not None:

@@ -313,7 +313,7 @@ def search_runs(tracking_uri: str, experiment: str = "", max_results: int = 1000
 def ui_url(tracking_uri: str, experiment_id: str, run_id: str = "") -> str:
     """The MLflow UI's page of an experiment's runs (or of one run) in its model-training view.
 
-    MLflow 3.17's UI opens every experiment in its GenAI view (traces, "Detect Issues") until the
+    MLflow 3.17's UI opens every experiment in its GenAI view (traces, quality checks) until the
     browser is switched to "Model training" (kept in the browser's local storage); the experiment
     tag ``EXPERIMENT_KIND_TAG`` does not change that, the page's ``workflowType`` parameter does.
     A tracking server's page is on that server; a local store's, where `mlflow ui` serves it by

@@ -178,21 +178,19 @@ def test_kl_schedule_ramps_the_weight_of_the_kl(model_batch):
         _, outputs = model(model.initial_carry(batch), batch)
         assert outputs["kl"] > 0
         torch.testing.assert_close(outputs["aux_loss"].detach(), weight * outputs["kl"])
-    assert "kl_weight" not in model.state_dict()  # set by the loop from the step, not saved
+    assert "kl_weight" not in model.state_dict()  # set by the training step from the step, not saved
 
 
-def test_training_loop_sets_the_kl_schedule_step():
+def test_the_training_step_sets_the_kl_schedule_step():
     from tiny import batch as tiny_batch, trainer
-    from urm_ray.train.checkpoint import Position
+    from urm_ray.train.step import train_step
 
     tiny = trainer("gram", False, ("model.kl_coef=2.0", "model.kl_coef_start=0.0", "model.kl_ramp_steps=4",
-                                  "train.steps=3", "train.eval_every=0", "train.checkpoint_every=0",
-                                  "train.log_every=100"))
+                                  "train.steps=3"))
     seen = []
-    step = tiny._step
-    tiny._step = lambda carry, b: (seen.append(float(tiny.model.kl_weight)), step(carry, b))[1]
-    tiny._report = lambda *args: None  # the last step's evaluation and checkpoint need Ray Train
-    tiny._train(Position(), iter([tiny_batch(i) for i in range(3)]), None)
+    for i in range(3):
+        train_step(tiny, tiny_batch(i))
+        seen.append(float(tiny.model.kl_weight))
     assert seen == [0.0, 0.5, 1.0]
 
 

@@ -89,7 +89,7 @@ def start_server(durable: bool = False, max_connections: int = 200,
         raise FileNotFoundError("PostgreSQL's initdb and postgres are not installed "
                                 "(apt-get install postgresql)")
     folder = Path(tempfile.mkdtemp(prefix="urm-ray-postgres-"))
-    as_user = _drop_to()
+    as_user = unprivileged()
     if as_user:
         entry = pwd.getpwnam(SYSTEM_USER)
         os.chown(folder, entry.pw_uid, entry.pw_gid)
@@ -97,7 +97,7 @@ def start_server(durable: bool = False, max_connections: int = 200,
         _run([str(binaries / "initdb"), "-D", str(folder / "data"), "-U", SUPERUSER,
               "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"], as_user)
         for _ in range(3):  # another process may take the free port before the server binds it
-            server = _launch(binaries, folder, _free_port(), durable, max_connections, as_user)
+            server = _launch(binaries, folder, free_port(), durable, max_connections, as_user)
             if _wait_ready(server):
                 return server
             if server.process.poll() is None:
@@ -111,7 +111,7 @@ def start_server(durable: bool = False, max_connections: int = 200,
         raise
 
 
-def _drop_to() -> dict[str, object]:
+def unprivileged() -> dict[str, object]:
     """Popen arguments that run a command as the ``postgres`` user when this process is root."""
     if os.geteuid() != 0:
         return {}
@@ -158,7 +158,7 @@ def _wait_ready(server: PostgresServer) -> bool:
     return False
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]

@@ -2,6 +2,7 @@
 
 - A database that cannot be reached (server down, database missing, ``postgres://`` spelling) fails
   ``urm-ray sweep`` and ``--resume`` at once, before Ray starts, naming the URL without its password.
+- cluster/gpu.yaml's commands that set up PostgreSQL on the head, run here as on the head.
 - A 3-trial sweep (2 at a time) with ``--storage postgresql://...`` and
   ``MLFLOW_TRACKING_URI=postgresql://...`` (two databases of the server) is interrupted with SIGINT
   after its first finished trial, then ``urm-ray sweep --resume`` finishes it: Optuna's trials,
@@ -13,6 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,9 +29,11 @@ import yaml
 from mlflow.tracking import MlflowClient
 from ray import tune
 
-from test_cluster import TINY_SPACE, free_port, write_tiny_sweep
+from postgres import find_binaries, unprivileged
+from test_cluster import CLUSTER_YAML, TINY_SPACE, free_port, write_tiny_sweep
 from test_tune_sweep import InterruptOnce
 from urm_ray.cli import main
+from urm_ray.tune.databases import check_reachable
 from urm_ray.tune.sweep import create_sweep, run_sweep
 
 SPACE = {**TINY_SPACE, "trials": 3, "concurrency": 2,
@@ -51,7 +59,7 @@ def test_an_unreachable_database_fails_the_sweep_before_ray_starts(postgres_serv
     started = time.monotonic()
     assert main(["sweep", "quickstart", "--storage", closed, "--dir", root]) == 2
     err = capsys.readouterr().err
-    assert time.monotonic() - started < 15, "should fail at once, not after MLflow's retries"
+    assert time.monotonic() - started < 30, "should fail at once, not after MLflow's retries (~100 s)"
     assert f"the Optuna storage (--storage) {closed.replace('s3cret', '***')} cannot be reached" in err
     assert "Connection refused" in err and "s3cret" not in err
 
@@ -66,6 +74,11 @@ def test_an_unreachable_database_fails_the_sweep_before_ray_starts(postgres_serv
     assert main(["sweep", "quickstart", "--dir", root]) == 2
     err = capsys.readouterr().err
     assert "write postgresql://urm:***@db.example/mlflow" in err and "s3cret" not in err
+
+    shared = postgres_server.url("postgres")  # MLflow's and Optuna's schema versions would clash
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", shared)
+    assert main(["sweep", "quickstart", "--storage", shared, "--dir", root]) == 2
+    assert "both keep a table alembic_version, so each needs its own" in capsys.readouterr().err
     assert not Path(root).exists()  # nothing created for a sweep that cannot start
 
     # --resume checks the URLs its sweep.json holds: the database server went away since
@@ -76,6 +89,45 @@ def test_an_unreachable_database_fails_the_sweep_before_ray_starts(postgres_serv
     assert main(["sweep", "--resume", "gone", "--dir", root]) == 2
     assert "the Optuna storage (--storage)" in capsys.readouterr().err
     assert ray.is_initialized() == was_up
+
+
+def test_the_cluster_heads_commands_set_up_postgresql_for_mlflow_and_optuna():
+    """cluster/gpu.yaml's PostgreSQL commands, run here as `ray up` runs them on the head (bash, as
+    a non-root user, in a fresh home folder; the port changed to a free one): initialised, started,
+    both databases created and reachable at the URLs the file gives MLflow and the sweeps; run
+    again (a second `ray up`), they succeed and change nothing."""
+    if find_binaries() is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    config = yaml.safe_load(CLUSTER_YAML.read_text())
+    port = str(free_port())
+    commands = [c.replace("5432", port) for c in config["head_setup_commands"] + config["head_start_ray_commands"]
+                if "initdb" in c or "pg_ctl" in c]
+    assert len(commands) == 3  # install (skipped here: installed), initialise, start + databases
+    mlflow = next(c for c in config["head_start_ray_commands"] if "mlflow server" in c)
+    tracking_uri = re.search(r"--backend-store-uri (\S+)", mlflow)[1].replace("5432", port)
+    storage = re.search(r"--storage (\S+)", CLUSTER_YAML.read_text())[1].replace("5432", port)
+    as_user = unprivileged()
+    home = Path(tempfile.mkdtemp(prefix="urm-ray-head-"))
+    if as_user:
+        shutil.chown(home, as_user["user"], as_user["group"])
+    env = {"HOME": str(home), "PATH": os.environ["PATH"], "LANG": "C.UTF-8"}
+    try:
+        for _ in range(2):
+            for command in commands:
+                done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True,
+                                      timeout=120, **as_user)
+                assert done.returncode == 0, (command, done.stdout, done.stderr)
+        check_reachable(tracking_uri, "MLflow")
+        check_reachable(storage, "Optuna")
+        with psycopg.connect(storage) as conn:
+            names = {row[0] for row in conn.execute("SELECT datname FROM pg_database")}
+            assert {"mlflow", "optuna"} <= names
+            assert conn.execute("SHOW listen_addresses").fetchone() == ("127.0.0.1",)
+    finally:
+        pg_ctl = find_binaries() / "pg_ctl"
+        subprocess.run([str(pg_ctl), "stop", "-m", "fast", "-D", str(home / "postgres" / "data")],
+                       env=env, capture_output=True, timeout=60, **as_user)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +184,22 @@ def test_no_trial_run_logged_a_metric_step_twice(pg_sweep):
             assert len(steps) == len(set(steps)), (run.info.run_name, key, sorted(steps))
             logged += len(steps)
     assert logged > 0
+
+
+@pytest.mark.slow
+def test_the_tracking_bench_reads_back_every_point_it_sent(tmp_path: Path):
+    """bench/tracking_concurrency.py on its smallest setting (direct stores): its accounting adds
+    up (every call counted, every point sent found again once) on both backends."""
+    if find_binaries() is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    out = tmp_path / "bench.json"
+    bench = Path(__file__).resolve().parents[1] / "bench" / "tracking_concurrency.py"
+    done = subprocess.run([sys.executable, str(bench), "--writers", "2", "--steps", "3", "--keys", "2",
+                           "--rounds", "1", "--modes", "direct", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {row["backend"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"sqlite", "postgresql"}
+    for row in rows.values():
+        assert (row["calls"], row["errors"], row["sent"], row["lost"], row["duplicates"]) == (6, 0, 12, 0, 0)
+        assert 0 < row["p50_ms"] <= row["p99_ms"]

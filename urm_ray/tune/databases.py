@@ -57,6 +57,25 @@ def check_reachable(url: str, role: str) -> None:
         engine.dispose()
 
 
+def check_separate(optuna_url: str, tracking_uri: str) -> None:
+    """Optuna and MLflow each record their schema's version in a table ``alembic_version``: in
+    one database, the second to open it finds the other's version and stops."""
+    if _identity(optuna_url) is not None and _identity(optuna_url) == _identity(tracking_uri):
+        raise ConfigError(f"the Optuna storage and the MLflow tracking store are one database "
+                          f"({redacted(optuna_url)}); both keep a table alembic_version, so each "
+                          "needs its own: create a second database (e.g. optuna and mlflow)")
+
+
+def _identity(url: str) -> tuple | None:
+    """(backend, host, port, database) of a database URL; None for other URIs (http://...)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    host = parsed.host or parsed.query.get("host")
+    return (parsed.get_backend_name(), host, parsed.port or parsed.query.get("port"), parsed.database)
+
+
 def _expected(url: URL, reason: str) -> str:
     host, port = url.host or "localhost", url.port or DEFAULT_PORT
     expected = (f"a PostgreSQL server accepting connections on {host}:{port} and holding the "

@@ -117,7 +117,9 @@ def load_sweep(name: str, root: str = DEFAULT_ROOT) -> tuple[SweepInfo, SearchSp
 
 
 def _check_databases(optuna_url: str, tracking_uri: str) -> None:
-    """A database server that is down or misnamed fails here, before Ray starts."""
+    """A database server that is down or misnamed, or one database for both, fails here, before
+    Ray starts."""
+    databases.check_separate(optuna_url, tracking_uri)
     databases.check_reachable(optuna_url, "the Optuna storage (--storage)")
     databases.check_reachable(tracking_uri, "the MLflow tracking store (tracking.tracking_uri or "
                                             "MLFLOW_TRACKING_URI)")

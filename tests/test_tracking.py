@@ -181,3 +181,20 @@ def test_ui_links_open_the_model_training_view(tmp_path: Path):
     hint = ui_hint(uri).splitlines()
     assert hint == [f"MLflow UI: mlflow ui --backend-store-uri {uri}, then open",
                     f"  exp  http://127.0.0.1:5000/#/experiments/{experiment_id}?workflowType=machine_learning"]
+
+
+def test_runs_lists_a_sweep_as_one_row_however_many_trials_it_has(tmp_path: Path, monkeypatch):
+    from urm_ray.runs import list_runs
+
+    monkeypatch.setattr(tracking, "_PAGE", 50)  # the trials fill more than two pages
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.open_run(uri, "plain", "before", {"train.steps": 10})
+    parent = tracking.open_run(uri, "sweep-big", "big", {"trials": 120},
+                               {tracking.KIND_TAG: "sweep", tracking.SWEEP_TAG: "big"})
+    for number in range(120):
+        tracking.open_run(uri, "sweep-big", f"big-t{number:03d}", {},
+                          {tracking.PARENT_TAG: parent, tracking.KIND_TAG: "trial", tracking.TRIAL_TAG: str(number)})
+    tracking.open_run(uri, "plain", "after", {"train.steps": 10})
+    names = [line.split()[1] for line in list_runs(uri).splitlines()[1:]]
+    assert names == ["after", "big", "before"]
+    assert len(list_runs(uri, "sweep-big", limit=200).splitlines()) == 1 + 121  # the sweep and its trials

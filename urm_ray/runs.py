@@ -93,14 +93,15 @@ def sweep_row(run: RunSummary, trials: list[RunSummary], now: float | None = Non
 
 def list_runs(tracking_uri: str, experiment: str = "", limit: int = 50,
               now: float | None = None) -> str:
-    """The table of the ``limit`` newest runs (of ``experiment``, else of every experiment);
-    heartbeats are judged at ``now`` (default: the current time)."""
+    """The table of the ``limit`` newest runs of ``experiment``; with no experiment, the newest
+    top-level runs of every experiment (a sweep is one row, whatever its number of trials).
+    Heartbeats are judged at ``now`` (default: the current time)."""
     local = tracking_uri.removeprefix("sqlite:///")
     if local != tracking_uri and not Path(local).is_file():  # opening it would create it
         raise ConfigError(f"no MLflow store at {tracking_uri}; run `urm-ray runs` where you trained, "
                           "or pass --tracking-uri (or set MLFLOW_TRACKING_URI)")
     rows = []
-    for run in tracking.search_runs(tracking_uri, experiment, max_results=limit):
+    for run in tracking.search_runs(tracking_uri, experiment, max_results=limit, top_level=not experiment):
         if kind(run) == "sweep":
             trials = tracking.child_runs(tracking_uri, run.experiment, run.run_id)
             rows.append(sweep_row(run, [t for t in trials if kind(t) == "trial"], now))

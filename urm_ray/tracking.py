@@ -296,18 +296,30 @@ def child_runs(tracking_uri: str, experiment: str, parent_run_id: str) -> list[R
     return [run_summary(tracking_uri, r.info.run_id) for r in runs]
 
 
-def search_runs(tracking_uri: str, experiment: str = "", max_results: int = 1000) -> list[RunSummary]:
-    """The runs of ``experiment`` (of every experiment when empty), newest first."""
+_PAGE = 500  # runs per search call when nested runs are skipped
+
+
+def search_runs(tracking_uri: str, experiment: str = "", max_results: int = 1000,
+                top_level: bool = False) -> list[RunSummary]:
+    """The runs of ``experiment`` (of every experiment when empty), newest first; ``top_level``:
+    only runs that are nobody's child (a sweep's trials stay under their sweep), read a page at a
+    time until ``max_results`` are found."""
     client = MlflowClient(tracking_uri)
     names = {e.experiment_id: e.name for e in client.search_experiments()}
     ids = [i for i, name in names.items() if not experiment or name == experiment]
-    if not ids:
-        return []
-    runs = client.search_runs(ids, max_results=max_results, order_by=["attributes.start_time DESC"])
-    return [RunSummary(r.info.run_id, r.info.run_name, r.info.status, dict(r.data.tags),
-                       dict(r.data.params), dict(r.data.metrics), names[r.info.experiment_id],
-                       r.info.experiment_id)
-            for r in runs]
+    found: list[RunSummary] = []
+    token = None
+    while ids and len(found) < max_results:
+        page = client.search_runs(ids, max_results=max_results if not top_level else _PAGE,
+                                  order_by=["attributes.start_time DESC"], page_token=token)
+        found += [RunSummary(r.info.run_id, r.info.run_name, r.info.status, dict(r.data.tags),
+                             dict(r.data.params), dict(r.data.metrics), names[r.info.experiment_id],
+                             r.info.experiment_id)
+                  for r in page if not (top_level and PARENT_TAG in r.data.tags)]
+        token = page.token
+        if not top_level or not token:
+            break
+    return found[:max_results]
 
 
 def ui_url(tracking_uri: str, experiment_id: str, run_id: str = "") -> str:

@@ -45,8 +45,9 @@ def test_overhead_is_the_slot_on_its_actor_minus_own_work():
         seg("t004", "c:3", end=23.0, total_s=2.0, work_s=2.5),  # after t003's segment on c:3
     ]
     values, left_out = bench.overheads(segments)
-    assert sorted(values) == pytest.approx([0.5, 0.5, 1.0, 1.5]) and left_out == 1
-    assert bench.percentiles(values)["p50"] == pytest.approx(0.75)
+    assert values == pytest.approx({"t000": 1.0, "t002": 1.5, "t001": 0.5, "t004": 0.5})
+    assert left_out == 1 and bench.percentiles(list(values.values()))["p50"] == pytest.approx(0.75)
+    assert bench.by_quarter(values, 8) == pytest.approx([0.75, 1.5, 0.5, None])  # t000-t001, ...
 
 
 @pytest.mark.slow  # 5.4 min on 2 shared cores at load average 20: Ray, 4 nodes, 40 trials

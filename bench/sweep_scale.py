@@ -185,15 +185,20 @@ def overheads(segments: list[Segment]) -> tuple[dict[str, float], int]:
 def read_segments(tune_folder: Path, work_keys: tuple[str, ...], ends: dict[str, float] | None = None,
                   fixed_work: float = 0.0) -> list[Segment]:
     """The segments of every trial folder's ``result.json`` under ``tune_folder``. ``ends``: a
-    more precise end of a trial's last result, by trial folder name (kept when within 2 s of the
+    more precise end of a trial's last result, by trial name (tNNN; kept when within 2 s of the
     result's own timestamp)."""
-    segments = []
+    segments: list[Segment] = []
     for results in sorted(tune_folder.glob("*/result.json")):
         rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
         last_by_actor: dict[str, dict[str, Any]] = {}
         for row in rows:
             last_by_actor[f"{row.get('hostname')}:{row['pid']}"] = row
-        trial = results.parent.name
+        if not rows:
+            continue
+        # a sweep's trial by its Optuna number: a trial taken over after a resume gets a second
+        # folder (tNNN_<id>) next to the one the killed driver had made
+        number = rows[-1].get("config", {}).get("trial_number")
+        trial = results.parent.name if number is None else f"t{int(number):03d}"
         for actor, row in last_by_actor.items():
             end = float(row.get(END_KEY, row["timestamp"]))
             precise = (ends or {}).get(trial)
@@ -571,7 +576,8 @@ def by_quarter(values: dict[str, float], trials: int) -> list[float | None]:
     """Median overhead of the trials numbered in each quarter of the sweep (folders tNNN)."""
     quarters: list[list[float]] = [[], [], [], []]
     for trial, value in values.items():
-        quarters[min(3, int(trial[1:]) * 4 // trials)].append(value)
+        if trial[1:].isdigit():
+            quarters[min(3, int(trial[1:]) * 4 // trials)].append(value)
     return [statistics.median(q) if q else None for q in quarters]
 
 
@@ -605,7 +611,7 @@ def render(report: dict[str, Any]) -> str:
         f"done in {resume['wall_s']:.0f} s",
         f"load average              start {_load(report['machine_start'])}, end {_load(report['machine_end'])}",
         report["audit"],
-        *(["driver profile (resume), by own time:", *report["driver_profile"]] if report.get("driver_profile") else []),
+        *(["the resumed driver's main thread (cProfile, wall time):", *report["driver_profile"]] if report.get("driver_profile") else []),
     ]
     return "\n".join(lines)
 
@@ -694,17 +700,36 @@ def gather(args: argparse.Namespace, work: Path, dbs: Databases) -> dict[str, An
     }
 
 
-def profile_top(path: Path, count: int = 15) -> list[str]:
-    """The functions of the profiled driver with the most own time (tottime), with calls and
-    cumulative time."""
+# where the driver's time goes: (file, function) of the profile -> what it does
+PROFILED = {
+    ("search.py", "suggest"): "SweepSearch.suggest (a new trial)",
+    ("search.py", "__call__"): "  of which the space's define-by-run ask (TPE)",
+    ("search.py", "_orphan"): "  of which looking for a trial to take over",
+    ("search.py", "on_trial_result"): "SweepSearch.on_trial_result",
+    ("search.py", "on_trial_complete"): "SweepSearch.on_trial_complete (Optuna tell)",
+    ("fate.py", "on_trial_complete"): "FateRecorder.on_trial_complete (MLflow fate)",
+    ("fate.py", "on_trial_error"): "FateRecorder.on_trial_error",
+    ("table.py", "draw"): "TrialTable.draw",
+    ("experiment_state.py", "sync_up_experiment_state"): "Tune's experiment snapshot",
+    ("tune_controller.py", "step"): "Tune's loop, all of it",
+}
+
+
+def profile_top(path: Path) -> list[str]:
+    """The resumed driver's time (wall, main thread: Tune's loop) in the calls it makes per trial."""
     import pstats
 
     if not path.exists():
         return []
     stats = pstats.Stats(str(path)).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
-    top = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:count]
-    return [f"  {tt:8.2f} s own, {ct:8.2f} s cum, {nc:8d} calls  {Path(f).name}:{line} {name}"
-            for (f, line, name), (_, nc, tt, ct, _) in top]
+    lines = []
+    for (file, _, name), (_, calls, _, cumulative, _) in stats.items():
+        what = PROFILED.get((Path(file).name, name))
+        if what and (name != "step" or "tune" in file) and ("urm_ray" in file or "ray" in file):
+            lines.append((what, calls, cumulative))
+    order = list(PROFILED.values())
+    return [f"  {what:<46s} {calls:6d} calls {total:8.1f} s {1000 * total / calls:8.1f} ms each"
+            for what, calls, total in sorted(lines, key=lambda x: order.index(x[0]))]
 
 
 def warn_memory(concurrency: int) -> None:

@@ -33,7 +33,8 @@ Reported (printed; ``--json`` also writes it):
   just before that result) and the floor's trials stamp their result with ``time.time()``. Own
   work: ``time/train_s`` + ``time/eval_s`` (the floor: its sleep). Trials that ran on more than
   one actor (retried, or restarted by the resume) are left out and counted;
-- resident memory of the trial actors (``ps``, every second: per actor, and all of them);
+- resident memory of the trial actors (``ps``, every second: per actor, and all of them), and
+  their CPU seconds per trial (``/proc/<pid>/stat`` of each at its last sample);
 - the suggest latency (the first n finished trials copied into a fresh study on the same
   storage, then the space's define-by-run ``ask`` timed, as ``SweepSearch.suggest`` does);
 - MLflow latency p50 / p99 while the sweep runs: ``log_batch`` of 20 metrics, and finding a run
@@ -263,9 +264,9 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def trial_actors_rss(root: int) -> list[int]:
-    """RSS in KiB of each Tune trial actor under process ``root`` (this one: the cluster's nodes
-    are its children; other Ray instances on the machine are not). Ray's process title is
+def trial_actors(root: int) -> dict[int, int]:
+    """pid -> RSS in KiB of each Tune trial actor under process ``root`` (this one: the cluster's
+    nodes are its children; other Ray instances on the machine are not). Ray's process title is
     ``ray::ImplicitFunc`` for a function trainable, ``.train`` or ``.reset`` appended while busy."""
     out = subprocess.run(["ps", "-eo", "pid=,ppid=,rss=,args="], capture_output=True, text=True).stdout
     parent, actors = {}, []
@@ -274,7 +275,7 @@ def trial_actors_rss(root: int) -> list[int]:
         parent[int(pid)] = int(ppid)
         if args.startswith("ray::ImplicitFunc"):
             actors.append((int(pid), int(rss)))
-    return [rss for pid, rss in actors if _descends(pid, root, parent)]
+    return {pid: rss for pid, rss in actors if _descends(pid, root, parent)}
 
 
 def _descends(pid: int, root: int, parent: dict[int, int]) -> bool:
@@ -344,6 +345,7 @@ class Watch:
     rss_total_kib: int = 0  # the largest sum over one sample
     actors_max: int = 0
     connections_max: int = 0
+    actor_cpu_s: dict[int, float] = field(default_factory=dict)  # trial actor pid -> its CPU s
     events: list[tuple[float, str]] = field(default_factory=list)  # (seconds since start, what)
 
     def sample(self, pid: int, finished: int, dbs: Databases) -> None:
@@ -351,7 +353,10 @@ class Watch:
         if cpu is not None:
             self.last_cpu = cpu
         self.cpu_by_finished.append((finished, self.driver_cpu_s + self.last_cpu))
-        rss = trial_actors_rss(os.getpid())
+        actors = trial_actors(os.getpid())
+        for pid in actors:
+            self.actor_cpu_s[pid] = cpu_seconds(pid) or self.actor_cpu_s.get(pid, 0.0)
+        rss = list(actors.values())
         self.rss_kib += rss
         self.rss_total_kib = max(self.rss_total_kib, sum(rss))
         self.actors_max = max(self.actors_max, len(rss))
@@ -559,6 +564,8 @@ def summarize(args: argparse.Namespace, sweep: Sweep, phases: list[Phase], floor
             "trials_per_hour": args.trials / wall * 3600,
             "driver_cpu_s_per_trial": watch.driver_cpu_s / args.trials,
             "driver_cpu_s_per_trial_by_quarter": watch.cpu_per_trial_by_quarter(args.trials),
+            # every trial actor's CPU, its start-up included, at its last sample (1 s apart)
+            "actors_cpu_s_per_trial": sum(watch.actor_cpu_s.values()) / args.trials,
             "overhead_s": trial_overhead, "overhead_left_out": left_out,
             "overhead_p50_s_by_quarter": by_quarter(values, args.trials),
             "overhead_over_floor": {k: ratio(trial_overhead[k], floor["overhead_s"][k]) for k in ("p50", "p99")},
@@ -592,6 +599,7 @@ def render(report: dict[str, Any]) -> str:
         f"trials per hour           sweep {s['trials_per_hour']:.0f}, floor {f['trials_per_hour']:.0f}",
         f"driver CPU s per trial    sweep {s['driver_cpu_s_per_trial']:.3f}, floor {f['driver_cpu_s_per_trial']:.3f}; "
         f"sweep by quarter of trials finished: {_fs(s['driver_cpu_s_per_trial_by_quarter'])}",
+        f"trial actors' CPU s/trial {s['actors_cpu_s_per_trial']:.2f} (their start-up included)",
         f"overhead per trial (s)    p50 {_f(o['p50'])} ({_f(r['p50'], 'x')} the floor's {_f(fo['p50'])}), "
         f"p99 {_f(o['p99'])} ({_f(r['p99'], 'x')} the floor's {_f(fo['p99'])}); "
         f"{o['n']} trials, {s['overhead_left_out']} on several actors left out; p50 by quarter "

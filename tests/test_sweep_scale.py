@@ -7,6 +7,7 @@
   (``urm_ray.tune.audit``) then finds as many Optuna trials as nested MLflow runs as Tune trials
   as were requested, every requested trial number in both records, a fate on every run, and no
   metric step logged twice; a removed fate tag and a step logged again are caught (slow).
+- Metric steps logged twice are found alike by SQL on MLflow's database and through its client.
 - The bench's per-trial overhead: a trial's slot on its actor minus its own work.
 """
 
@@ -48,6 +49,23 @@ def test_overhead_is_the_slot_on_its_actor_minus_own_work():
     assert values == pytest.approx({"t000": 1.0, "t002": 1.5, "t001": 0.5, "t004": 0.5})
     assert left_out == 1 and bench.percentiles(list(values.values()))["p50"] == pytest.approx(0.75)
     assert bench.by_quarter(values, 8) == pytest.approx([0.75, 1.5, 0.5, None])  # t000-t001, ...
+
+
+def test_duplicate_steps_in_sql_and_through_the_client_agree(tmp_path: Path):
+    from urm_ray import tracking
+    from urm_ray.tune.audit import DuplicateStep, duplicates_by_client, duplicates_in_sql
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_a = tracking.open_run(uri, "sweep-x", "x-t000", {})
+    run_b = tracking.open_run(uri, "sweep-x", "x-t001", {})
+    client = MlflowClient(uri)
+    for step, value in ((10, 0.1), (20, 0.2), (10, 0.3)):  # step 10 twice
+        client.log_metric(run_a, "train/lr", value, step=step)
+    client.log_metric(run_b, "train/lr", 0.1, step=10)
+    client.log_metric(run_b, "eval/acc", 0.5, step=10)
+    expected = [DuplicateStep("x-t000", "train/lr", 10, 2)]
+    assert duplicates_in_sql(uri, "sweep-x") == duplicates_by_client(uri, "sweep-x") == expected
+    assert duplicates_in_sql(uri, "sweep-other") == []
 
 
 @pytest.mark.slow  # 5.4 min on 2 shared cores at load average 20: Ray, 4 nodes, 40 trials

@@ -177,16 +177,27 @@ def tune_statuses(folder: Path) -> tuple[dict[str, int], list[str]]:
 def duplicate_steps(tracking_uri: str, experiment: str) -> list[DuplicateStep]:
     """Every (run, key, step) of the experiment's runs logged more than once."""
     if tracking_uri.split(":", 1)[0].split("+")[0] in ("sqlite", "postgresql", "mysql", "mssql"):
-        engine = sqlalchemy.create_engine(tracking_uri, poolclass=NullPool)
-        try:
-            with engine.connect() as conn:
-                rows = conn.execute(_DUPLICATES_SQL, {"experiment": experiment}).all()
-        finally:
-            engine.dispose()
-        return [DuplicateStep(name, key, int(step), int(times)) for name, key, step, times in rows]
+        return duplicates_in_sql(tracking_uri, experiment)
+    return duplicates_by_client(tracking_uri, experiment)
+
+
+def duplicates_in_sql(tracking_uri: str, experiment: str) -> list[DuplicateStep]:
+    """One query on MLflow's database, whatever the number of runs."""
+    engine = sqlalchemy.create_engine(tracking_uri, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(_DUPLICATES_SQL, {"experiment": experiment}).all()
+    finally:
+        engine.dispose()
+    return [DuplicateStep(name, key, int(step), int(times)) for name, key, step, times in rows]
+
+
+def duplicates_by_client(tracking_uri: str, experiment: str) -> list[DuplicateStep]:
+    """Through MLflow's client (an http:// server): one call per run and metric key."""
     found = []
-    for run in tracking.search_runs(tracking_uri, experiment, max_results=_RUNS_MAX):
-        for key in run.metrics:
+    for run in sorted(tracking.search_runs(tracking_uri, experiment, max_results=_RUNS_MAX),
+                      key=lambda r: r.run_name):
+        for key in sorted(run.metrics):
             steps = Counter(step for step, _ in tracking.metric_history(tracking_uri, run.run_id, key))
             found += [DuplicateStep(run.run_name, key, s, c) for s, c in sorted(steps.items()) if c > 1]
     return found

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import sqlalchemy
-from sqlalchemy.pool import NullPool
 from optuna.trial import TrialState
 from ray.tune.experiment import Trial
+from sqlalchemy.pool import NullPool
 
 from urm_ray import tracking
 from urm_ray.tracking import FATE_TAG, PARENT_TAG, TRIAL_TAG
@@ -39,6 +39,7 @@ from urm_ray.tune.trial import INTERRUPTED
 
 TUNE_STATE = "experiment_state-*.json"  # Tune's snapshot; the newest name is the latest
 _FINISHED_TUNE = (Trial.TERMINATED, Trial.ERROR)
+_UNFINISHED_OPTUNA = (TrialState.RUNNING.name, TrialState.WAITING.name)
 _SHOWN = 8  # trial numbers listed per problem in the text
 _RUNS_MAX = 50_000  # MLflow's largest page of search_runs
 
@@ -100,9 +101,9 @@ class SweepAudit:
             (self.fates.get(INTERRUPTED, 0) > 0, f"{self.fates.get(INTERRUPTED, 0)} runs still "
                                                  f"{INTERRUPTED} (resume the sweep)"),
             (bool(self.duplicate_steps), f"{len(self.duplicate_steps)} metric steps logged more "
-                                         f"than once, e.g. {self.duplicate_steps[:1]}"),
+                                         f"than once{_first(self.duplicate_steps)}"),
         ]
-        unfinished = {s: c for s, c in self.optuna.items() if s in ("RUNNING", "WAITING")}
+        unfinished = {s: c for s, c in self.optuna.items() if s in _UNFINISHED_OPTUNA}
         if unfinished:
             found.append((True, f"Optuna trials not finished: {unfinished}"))
         open_tune = {s: c for s, c in self.tune.items() if s not in _FINISHED_TUNE}
@@ -201,6 +202,11 @@ def duplicates_by_client(tracking_uri: str, experiment: str) -> list[DuplicateSt
             steps = Counter(step for step, _ in tracking.metric_history(tracking_uri, run.run_id, key))
             found += [DuplicateStep(run.run_name, key, s, c) for s, c in sorted(steps.items()) if c > 1]
     return found
+
+
+def _first(duplicates: list[DuplicateStep]) -> str:
+    d = duplicates[0] if duplicates else None
+    return f", e.g. {d.key} at step {d.step} of {d.run}, {d.times} times" if d else ""
 
 
 def _counts(counts: dict[str, int]) -> str:

@@ -68,7 +68,7 @@ def test_duplicate_steps_in_sql_and_through_the_client_agree(tmp_path: Path):
     assert duplicates_in_sql(uri, "sweep-other") == []
 
 
-@pytest.mark.slow  # 5.4 min on 2 shared cores at load average 20: Ray, 4 nodes, 40 trials
+@pytest.mark.slow  # 4-5.5 min on 2 shared cores at load average 20-40: Ray, 4 nodes, 40 trials
 def test_forty_trials_on_four_nodes_keep_their_records_in_step(postgres_server, tmp_path: Path,
                                                                monkeypatch):
     started = time.monotonic()

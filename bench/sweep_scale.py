@@ -1,8 +1,9 @@
 """A sweep of a thousand trials on a local multi-node Ray cluster: what it costs, and whether its
 records still agree at the end.
 
-    python bench/sweep_scale.py --json scale.json                                  # the full run
-    python bench/sweep_scale.py --trials 60 --concurrency 8 --nodes 4 --kill-at 30 # a small one
+    python bench/sweep_scale.py --json scale.json                       # the full run, about an hour
+    python bench/sweep_scale.py --trials 60 --concurrency 8 --nodes 4 --cpus-per-node 2 \
+        --cpus-per-trial 0.5 --kill-at 30 --profile --json small.json   # a small one
 
 Everything runs on this machine: a Ray cluster of ``--nodes`` logical nodes (``ray.cluster_utils.
 Cluster``, ``--cpus-per-node`` logical CPUs each), a PostgreSQL server (tests/postgres.py, fsync
@@ -43,7 +44,9 @@ Reported (printed; ``--json`` also writes it):
 - sizes: both databases (``pg_database_size``), MLflow's artifacts, Tune's state folder;
 - the resume: from its start to the first new training step logged to MLflow and to the first
   new Optuna trial, and to its end;
-- the load average at start and end, the date, the machine.
+- the load average at start and end, the date, the machine;
+- with ``--profile``: the resumed driver under cProfile (wall time of its main thread, Tune's
+  loop), per call of what it does for each trial (suggest, Optuna's tell, the MLflow fate, ...).
 
 The work folder (``--dir``, default a new temporary one) keeps the sweep, its logs
 (``sweep-1.log``, ``sweep-2.log``) and the floor's Tune folder; it is removed at the end unless
@@ -289,8 +292,7 @@ def _descends(pid: int, root: int, parent: dict[int, int]) -> bool:
 class Databases:
     """The counts the bench polls, straight from PostgreSQL (one connection each)."""
 
-    def __init__(self, server: Any, optuna_url: str, mlflow_url: str) -> None:
-        self.server = server
+    def __init__(self, optuna_url: str, mlflow_url: str) -> None:
         self.optuna = psycopg.connect(optuna_url, autocommit=True)
         self.mlflow = psycopg.connect(mlflow_url, autocommit=True)
 
@@ -651,7 +653,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         print(f"floor: {json.dumps(floor)}", flush=True)
         env = {**os.environ, "RAY_ADDRESS": cluster.address, "MLFLOW_TRACKING_URI": mlflow_url,
                "OPTUNA_URL": optuna_url}
-        dbs = Databases(server, optuna_url, mlflow_url)
+        dbs = Databases(optuna_url, mlflow_url)
         sweep = Sweep(args, cluster, dbs, work, env)
         phases = drive_with_probe(sweep, args, work, mlflow_url)
         report = summarize(args, sweep, phases, floor, gather(args, work, dbs))

@@ -265,7 +265,7 @@ PREEMPTED_SPACE = {**TINY_SPACE, "retries": 2, "overrides": {
 
 def _wait_for_checkpoints(trials: Path, count: int, sweep: subprocess.Popen, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while len(list(trials.glob("*/checkpoint_2*/state.pt"))) < count:
+    while len(list(trials.glob("*/checkpoint_*/state.pt"))) < count:
         assert sweep.poll() is None, "the sweep ended before every trial had a checkpoint"
         assert time.monotonic() < deadline, f"no checkpoint of {count} trials in {timeout} s"
         time.sleep(0.2)
@@ -298,7 +298,7 @@ def test_sweep_trials_land_on_different_nodes_and_survive_a_preempted_one(tmp_pa
         env = subprocess_env(RAY_ADDRESS=cluster.address, MPLCONFIGDIR=str(tmp_path / "mpl"))
         with subprocess.Popen(cmd, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) as sweep:
-            _wait_for_checkpoints(tmp_path / "sweeps" / "nodes" / "trials", 2, sweep, 400)
+            _wait_for_checkpoints(tmp_path / "sweeps" / "nodes" / "tune", 2, sweep, 400)
             cluster.remove_node(nodes[0])  # its trial's worker dies with it
             replacement = cluster.add_node(num_cpus=1, resources={"trial_slot": 1})
             out, err = sweep.communicate(timeout=600)
@@ -322,15 +322,18 @@ def test_sweep_trials_land_on_different_nodes_and_survive_a_preempted_one(tmp_pa
         deadline = time.monotonic() + 30
         while True:  # the State API is eventually consistent: a finished trial's worker can lag
             workers = list_actors(address=f"http://127.0.0.1:{dashboard}",
-                                  filters=[("class_name", "=", "RayTrainWorker")], detail=True,
+                                  filters=[("class_name", "=", "ImplicitFunc")], detail=True,
                                   raise_on_missing_output=False)
-            if len(workers) >= 3 or time.monotonic() > deadline:
+            if len(workers) >= 2 or time.monotonic() > deadline:
                 break
             time.sleep(1)
-        used = {w.node_id for w in workers}
-        # the two first workers, one on each worker node; the retry on a node that was left
-        assert len(workers) == 3, workers
-        assert {nodes[0].node_id, nodes[1].node_id} <= used <= {
+        # the State API forgets the node of an actor that died with it (node_id None)
+        used = {w.node_id for w in workers if w.node_id}
+        # the two first trial actors (each trains its trial), one on each worker node; the retry
+        # runs in the survivor (Tune reuses actors) or in a new actor on a node that was left
+        assert len(workers) in (2, 3), workers
+        assert any(w.state == "DEAD" for w in workers), workers  # the one that lost its node
+        assert nodes[1].node_id in used and used <= {
             nodes[0].node_id, nodes[1].node_id, replacement.node_id}
     finally:
         cluster.shutdown()

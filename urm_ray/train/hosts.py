@@ -20,9 +20,9 @@ import ray.tune
 
 from urm_ray.train import checkpoint
 
-# a report as Tune should see it (with a sweep's derived metrics), or None to keep it out of Tune
-# (before the first evaluation it has no objective for Tune's scheduler and searcher)
-TuneFilter = Callable[[dict[str, Any]], dict[str, Any] | None]
+# a report as Tune should see it (with a sweep's derived metrics), or None to keep it out of Tune;
+# the flag: whether it carries a checkpoint
+TuneFilter = Callable[[dict[str, Any], bool], dict[str, Any] | None]
 
 
 class Host(Protocol):
@@ -102,9 +102,7 @@ class ProcessHost:
 
 class TrialHost:
     """A Tune trial actor, one worker: Tune persists the checkpoints in the trial's folder and
-    hands the latest back (``tune.get_checkpoint``) when it retries or resumes the trial. A report
-    that ``to_tune`` keeps out of Tune keeps its checkpoint out too: a trial's checkpoints start
-    at its first evaluation."""
+    hands the latest back (``tune.get_checkpoint``) when it retries or resumes the trial."""
 
     rank, world = 0, 1
 
@@ -121,7 +119,7 @@ class TrialHost:
         return ray.tune.get_checkpoint()
 
     def report(self, metrics: dict[str, Any], folder: Path | None, step: int) -> None:
-        shown = self.to_tune(metrics)
+        shown = self.to_tune(metrics, folder is not None)
         if shown is None:
             return
         ckpt = None if folder is None else ray.tune.Checkpoint.from_directory(str(folder))

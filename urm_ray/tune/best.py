@@ -125,7 +125,7 @@ def _seed_run(config: dict[str, Any], runs: dict[str, tuple[int, dict[str, Any]]
     number, data = runs[config["run"]]
     cfg, tags = build_config(data), {**tags, TRIAL_TAG: str(number)}
     if cfg.train.num_workers == 1:
-        fit_in_trial(cfg, tags, {}, lambda metrics: {metric: metrics[metric]} if metric in metrics else None)
+        fit_in_trial(cfg, tags, {}, lambda metrics, _: {metric: metrics[metric]} if metric in metrics else None)
         return
     result = fit(cfg, tags=tags)
     ray.tune.report({metric: result.metrics.get(metric, float("nan"))})

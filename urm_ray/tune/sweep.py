@@ -235,6 +235,9 @@ def trial_dirname(trial: Any) -> str:
 
 def _tuner(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContext,
            resume: bool, callbacks: list[tune.Callback]) -> tune.Tuner:
+    # a one-worker trial reports its checkpoints to Tune from the first one on, before its first
+    # evaluation gives Tune's scheduler and searcher an objective (they skip such results)
+    os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     trainable = tune.with_resources(partial(run_trial, ctx=ctx), the_plan.trial_resources())
     path = str(info.path / "tune")
     if resume and tune.Tuner.can_restore(path):

@@ -108,11 +108,14 @@ class DerivedReport(TuneReportCallback):
         return {**metrics, **extra}
 
     @staticmethod
-    def for_tune(space: SearchSpace, values: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any] | None:
+    def for_tune(space: SearchSpace, values: dict[str, Any], metrics: dict[str, Any],
+                 checkpoint: bool) -> dict[str, Any] | None:
         """A one-worker trial's report as Tune gets it (``hosts.TrialHost``): with the derived
-        metrics, or None before the first evaluation (no objective yet)."""
+        metrics; None (kept out of Tune) before the first evaluation, unless it carries a
+        checkpoint, which Tune must persist (the sweep lets such results through)."""
         metrics = DerivedReport.with_derived(space, values, metrics)
-        return metrics if all(o.metric in metrics for o in space.spec.objectives) else None
+        complete = all(o.metric in metrics for o in space.spec.objectives)
+        return metrics if complete or checkpoint else None
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         metrics = [self.with_derived(self.space, self.values, metrics[0]), *metrics[1:]]

@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._dynamo
 import torch._inductor.config
+from torch._dynamo.utils import counters
 from torch.overrides import TorchFunctionMode
 
 from urm_ray.train.compiled import compile_enabled
-from urm_ray.train.step import TrainState, autocast, bf16_autocast, train_step
+from urm_ray.train.evaluate import evaluate_batch
+from urm_ray.train.step import TrainState, autocast, bf16_autocast, evaluation_model, train_step
 
 from tiny import FAMILIES, batch, trainer
 
@@ -71,6 +74,46 @@ def test_compiled_step_equals_eager(family: str, extra: tuple[str, ...]):
     if eager.model.puzzle_emb is not None:  # the sign-SGD table moved identically
         torch.testing.assert_close(compiled.model.puzzle_emb.weights, eager.model.puzzle_emb.weights)
         assert eager.model.puzzle_emb.weights.abs().sum() > 0
+
+
+@pytest.mark.parametrize(("family", "extra"), CASES)
+def test_compiled_step_and_evaluation_compile_whole_graphs_once(family: str, extra: tuple[str, ...]):
+    """No graph break in the compiled parts of training and evaluation, and once the first steps
+    and an evaluation have compiled every graph (grad / no-grad, train / eval), nothing compiles
+    again: a recompile raises."""
+    torch._dynamo.reset()
+    counters.clear()
+    tiny = trainer(family, True, extra)
+
+    def steps_and_evaluation(first: int) -> None:
+        for step in range(first, first + 3):
+            train_step(tiny, batch(step))
+        with evaluation_model(tiny) as model:
+            evaluate_batch(model, batch(100 + first))
+
+    steps_and_evaluation(0)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs > 0
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        steps_and_evaluation(3)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert dict(counters["graph_break"]) == {}
+
+
+def test_graph_break_and_recompile_checks_see_them():
+    """The checks themselves: a break in a compiled function is counted, a recompile raises."""
+    torch._dynamo.reset()
+    counters.clear()
+
+    @torch.compile(backend="eager", dynamic=False)
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        torch._dynamo.graph_break()
+        return x * 2
+
+    broken(torch.ones(2))
+    assert dict(counters["graph_break"])
+    with torch._dynamo.config.patch(error_on_recompile=True), pytest.raises(Exception, match="ecompil"):
+        broken(torch.ones(3))  # a new shape
 
 
 def test_compile_setting_auto_means_cuda_only():

@@ -1,4 +1,5 @@
-"""Building blocks: init statistics, RMSNorm, RoPE, attention, (Conv)SwiGLU causality, puzzle embedding."""
+"""Building blocks: init statistics, RMSNorm, RoPE, attention, (Conv)SwiGLU causality, puzzle embedding,
+and the hand-written backward passes of ``urm_ray.models.fused``."""
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from urm_ray.models.layers import (
     ffn_width,
     trunc_normal_,
 )
+from urm_ray.models import fused
 
 
 @pytest.mark.parametrize(("hidden", "expansion", "width"), [(32, 4.0, 256), (64, 4.0, 256), (512, 4.0, 1536),
@@ -115,3 +117,82 @@ def test_attention_runs_in_float32_under_cpu_bf16_autocast():
     plain = torch.randn(2, 3, 5, 8)  # no autocast: SDPA as it is
     torch.testing.assert_close(attend(plain, plain, plain),
                                F.scaled_dot_product_attention(plain, plain, plain), rtol=0, atol=0)
+
+
+# The hand-written Functions of urm_ray.models.fused against autograd of their plain formulas
+def _rms_formula(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (wide * torch.rsqrt(wide.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rope_formula(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.to(cos.dtype).chunk(2, dim=-1)
+    return (torch.cat([x1, x2], -1) * cos + torch.cat([x2, x1], -1) * signed_sin).to(x.dtype)
+
+
+def _conv_formula(u: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """nn.functional.conv1d, depthwise, padded k-1 on the left, in the promoted dtype."""
+    kernel = taps.shape[1]
+    padded = F.pad(u.to(torch.promote_types(u.dtype, taps.dtype)).transpose(1, 2), (kernel - 1, 0))
+    return F.conv1d(padded, taps.unsqueeze(1), bias, groups=taps.shape[0]).transpose(1, 2)
+
+
+def _gated_conv_formula(gate_up: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(_conv_formula(F.silu(gate) * up, taps, bias))
+
+
+def _gate_formula(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _fused_cases(dtype: torch.dtype) -> list:
+    """(name, Function, formula, inputs) with inputs that need gradients; the rope input is a
+    strided view, as queries and keys are views of the qkv projection."""
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype).requires_grad_()
+
+    rope = RotaryEmbedding(8, 5, 10000.0, num_heads=3)
+    cos, sin = (t.to(torch.float64 if dtype == torch.float64 else torch.float32) for t in rope())
+    cases = [
+        ("rms_norm", fused.RMSNormFunction, _rms_formula, (rand(2, 5, 8), 1e-5)),
+        ("rope", fused.RopeFunction, _rope_formula, (rand(2, 5, 9, 8)[:, :, 3:6], cos, sin)),
+        ("gate", fused.GateFunction, _gate_formula, (rand(2, 5, 12),)),
+    ]
+    for kernel in (1, 2, 3, 7):  # 7 > T: the oldest taps see only the zeros before the start
+        cases += [
+            (f"conv{kernel}", fused.CausalConvFunction, _conv_formula, (rand(2, 5, 6), rand(6, kernel), rand(6))),
+            (f"gated_conv{kernel}", fused.GatedConvFunction, _gated_conv_formula,
+             (rand(2, 5, 12), rand(6, kernel), rand(6))),
+        ]
+    return cases
+
+
+@pytest.mark.parametrize("case", _fused_cases(torch.float64), ids=lambda case: case[0])
+def test_fused_function_gradients_are_exact(case):
+    _, function, _, inputs = case
+    assert torch.autograd.gradcheck(function.apply, inputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", range(len(_fused_cases(torch.float32))))
+def test_fused_function_matches_its_formula(case: int, dtype: torch.dtype):
+    """Values and gradients as autograd of the formula gives them, in the formula's dtypes
+    (bf16 inputs with float32 conv weights or RoPE tables compute in float32)."""
+    name, function, formula, inputs = _fused_cases(dtype)[case]
+    if name.startswith("conv") or name.startswith("gated_conv"):  # weights stay float32 under autocast
+        inputs = (inputs[0], *(t.detach().float().requires_grad_() for t in inputs[1:]))
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    out = function.apply(*inputs)
+    expected = formula(*inputs)
+    assert out.dtype == expected.dtype
+    torch.testing.assert_close(out, expected, **tol)
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    grad = torch.randn_like(expected)
+    actual_grads = torch.autograd.grad(out, tensors, grad)
+    for actual, wanted in zip(actual_grads, torch.autograd.grad(expected, tensors, grad)):
+        assert actual.dtype == wanted.dtype
+        torch.testing.assert_close(actual, wanted, **tol)

@@ -13,11 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from urm_ray.models import fused
+
 FFNKind = Literal["swiglu", "conv_swiglu"]
 # Where ConvSwiGLU's depthwise causal conv sits: on the gated product (official URM) or on
 # the gate/up expansion before gating.
 ConvPosition = Literal["after_gate", "before_gate"]
-Rope = tuple[Tensor, Tensor]  # (cos, sin), each [T, E]
+Rope = tuple[Tensor, Tensor]  # (cos, signed sin) tables, each [T, H, E] (or [T, 1, E])
 
 # Truncating a unit normal to [-2, 2] leaves this standard deviation (JAX/Flax convention:
 # the requested std is the std of the truncated distribution, not of the untruncated one).
@@ -57,22 +59,24 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps)
-        return x32.to(x.dtype)
+        return fused.rms_norm(x, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE tables in the half-split layout; non-persistent, so rebuilt rather than saved.
+    """RoPE tables for the half-split layout (dims i and i + E/2 rotate together by angle
+    position * theta^(-2i/E)); non-persistent, so rebuilt rather than saved.
 
     ``sin`` is stored with the rotation's sign folded in ([-sin, sin] over the two halves), so
-    that ``apply_rope`` needs a swap of the halves and no negation.
+    that the rotation needs a swap of the halves and no negation. Both tables are stored repeated
+    over the heads, [T, H, E]: with a table broadcast over the head axis, CPU multiplies run E
+    elements at a time instead of H * E.
     """
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
+    def __init__(self, head_dim: int, max_positions: int, theta: float, num_heads: int = 1) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # [T, E/2]
+        angles = angles.unsqueeze(1).expand(-1, num_heads, -1)  # [T, H, E/2]
         self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], -1), persistent=False)
         self.register_buffer("sin", torch.cat([-angles.sin(), angles.sin()], -1), persistent=False)
 
@@ -81,15 +85,9 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rope(x: Tensor, rope: Rope) -> Tensor:
-    """Rotate [B, T, H, E] queries and/or keys; math in the tables' dtype (float32).
-
-    The half-split rotation x * cos + [-x2, x1] * sin, computed as x * cos + [x2, x1] * signed_sin:
-    the same bits, without the negation and concatenation of the textbook form.
-    """
-    cos, signed_sin = (t.unsqueeze(-2) for t in rope)  # [T, 1, E]
-    x32 = x.to(cos.dtype)
-    swapped = x32.unflatten(-1, (2, -1)).flip(-2).flatten(-2)  # [x2, x1]
-    return (x32 * cos + swapped * signed_sin).to(x.dtype)
+    """Rotate [B, T, H, E] queries or keys: the half-split rotation x * cos + [-x2, x1] * sin,
+    math in the tables' dtype (float32), three passes each way (``fused.rope``)."""
+    return fused.rope(x, *rope)
 
 
 class Attention(nn.Module):
@@ -106,8 +104,8 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, rope: Rope) -> Tensor:
         batch, length, _ = x.shape
         qkv = self.qkv_proj(x).view(batch, length, 3 * self.num_heads, self.head_dim)
-        qk, v = qkv.split([2 * self.num_heads, self.num_heads], dim=2)  # [B, T, 2H, E], [B, T, H, E]
-        q, k = apply_rope(qk, rope).chunk(2, dim=2)  # one rotation for queries and keys
+        q, k, v = qkv.chunk(3, dim=2)  # [B, T, H, E] each
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
         out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))  # [B, T, D]
 
@@ -135,8 +133,7 @@ class SwiGLU(nn.Module):
         self.down_proj = lecun_linear(width, hidden_size)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [B, T, F] each
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(fused.swiglu_gate(self.gate_up_proj(x)))  # silu(gate) * up [B, T, F]
 
 
 def causal_depthwise_conv(conv: nn.Conv1d, x: Tensor) -> Tensor:
@@ -144,17 +141,10 @@ def causal_depthwise_conv(conv: nn.Conv1d, x: Tensor) -> Tensor:
 
     Equal to running ``conv`` (padding k-1 on both sides, first T outputs kept) on x transposed:
     out[t] = bias + sum_j w[j] * x[t - (k-1) + j], with x = 0 before the start. Computed as k
-    multiply-adds of views of one zero-padded copy in the [B, T, C] layout: no transposes, no
-    padded output, no strided result (which the Conv1d route feeds to the next projection), and
-    backward keeps only that copy, as Conv1d keeps its input. Fuses under torch.compile.
+    multiply-adds of shifted views in the [B, T, C] layout (``fused.causal_conv``): no transposes,
+    no padded copy or output, and backward keeps only x, as Conv1d keeps its input.
     """
-    taps = conv.weight[:, 0, :]  # [C, k]
-    kernel, length = taps.shape[1], x.shape[1]
-    padded = F.pad(x, (0, 0, kernel - 1, 0))  # [B, T + k - 1, C], zeros before the start
-    out = torch.addcmul(conv.bias, padded[:, :length], taps[:, 0])
-    for j in range(1, kernel):
-        out = out.addcmul(padded[:, j : j + length], taps[:, j])
-    return out
+    return fused.causal_conv(x, conv.weight[:, 0, :], conv.bias)
 
 
 class ConvSwiGLU(nn.Module):
@@ -178,10 +168,9 @@ class ConvSwiGLU(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         gate_up = self.gate_up_proj(x)  # [B, T, 2F]
         if self.position == "before_gate":
-            gate, up = causal_depthwise_conv(self.dwconv, gate_up).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(causal_depthwise_conv(self.dwconv, F.silu(gate) * up)))
+            return self.down_proj(fused.swiglu_gate(causal_depthwise_conv(self.dwconv, gate_up)))
+        taps = self.dwconv.weight[:, 0, :]  # [F, k]
+        return self.down_proj(fused.gated_conv(gate_up, taps, self.dwconv.bias))
 
 
 def make_ffn(

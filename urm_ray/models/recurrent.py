@@ -133,7 +133,8 @@ class RecurrentModel(ACTModel):
         self.embed_tokens = nn.Embedding(task.vocab_size, hidden)
         self.puzzle_emb = PuzzleEmbedding(task.num_puzzle_identifiers, dim) if dim else None
         head_dim = hidden // config.num_heads
-        self.rotary_emb = RotaryEmbedding(head_dim, self.prefix_len + task.seq_len, config.rope_theta)
+        self.rotary_emb = RotaryEmbedding(head_dim, self.prefix_len + task.seq_len, config.rope_theta,
+                                          config.num_heads)
         self.lm_head = lecun_linear(hidden, task.vocab_size)
         self.q_head = lecun_linear(hidden, 2, bias=True)
         with torch.no_grad():

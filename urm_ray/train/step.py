@@ -23,7 +23,7 @@ from torch import nn
 from urm_ray.config import RunConfig
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks.verify import Search, Verifier, nearest_for, verifier_for
-from urm_ray.losses import act_loss
+from urm_ray.losses import act_loss, matched_answers
 from urm_ray.models.registry import build_model
 from urm_ray.models.task import TaskSpec
 from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
@@ -155,11 +155,12 @@ def _loss(state: TrainState, outputs: dict[str, torch.Tensor]) -> tuple[torch.Te
     if targets.halt is not None:
         judged = outputs.get("halt_logits", outputs["logits"])  # GRAM: a prior decode
         halt_target = targets.halt(judged.detach().argmax(-1), data["inputs"], data["labels"])
-    if targets.prior is not None and "prior_logits" in outputs:
-        prior_targets = targets.prior(outputs["prior_logits"].detach().argmax(-1), data["inputs"],
-                                      data["labels"])
     if targets.labels is not None:
         labels = targets.labels(outputs["logits"].detach().argmax(-1), data["inputs"], labels)
+    if "prior_logits" in outputs:  # matched here, eagerly: the matching runs on the CPU (scipy)
+        answers = outputs["prior_logits"].detach().argmax(-1)
+        prior_targets = (targets.prior(answers, data["inputs"], data["labels"]) if targets.prior is not None
+                         else matched_answers(answers, data["inputs"], labels)[0])
     return state.loss_fn(outputs, labels, carry.halted, carry.steps, state.cfg.train.loss,
                          halt_target=halt_target, inputs=data["inputs"], prior_targets=prior_targets)
 

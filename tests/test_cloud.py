@@ -176,7 +176,7 @@ def test_mlflow_server_records_the_run_with_artifacts_in_s3(runs, s3, mlflow_ser
 
 def test_checkpoint_on_s3_loads_for_evaluation(runs, s3, monkeypatch):
     """``urm-ray eval`` / ``final`` read a checkpoint straight from its s3:// URI."""
-    from urm_ray.train.offline import load_checkpoint
+    from urm_ray.eval.offline import load_checkpoint
 
     for key, value in {**FAKE_AWS, "AWS_ENDPOINT_URL": s3}.items():
         monkeypatch.setenv(key, value)

@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 from torch.overrides import TorchFunctionMode
 
 from urm_ray.train.compiled import compile_enabled
-from urm_ray.train.evaluate import evaluate_batch
+from urm_ray.eval.heldout import evaluate_batch
 from urm_ray.train.step import TrainState, autocast, bf16_autocast, evaluation_model, train_step
 
 from tiny import FAMILIES, batch, trainer

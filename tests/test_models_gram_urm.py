@@ -146,7 +146,7 @@ def test_trained_prior_samples_are_valid_answers_and_fresh_ones_are_not(sudoku_g
     """Decoded from the prior (4 samples of 128 held-out puzzles), the trained model's answers
     mostly pass the Sudoku verifier (givens kept, rules obeyed); the fresh model's do not."""
     from urm_ray.data.tasks.verify import verifier_for
-    from urm_ray.train.evaluate import sample_answers
+    from urm_ray.eval.heldout import sample_answers
 
     fresh, trained, held_out = sudoku_gram
     accepts = verifier_for("sudoku", 16)
@@ -175,7 +175,7 @@ def test_row_latent_gram_draws_several_valid_queens_boards_from_the_blank_board(
 
     from urm_ray.data.tasks.nqueens import solutions, valid_queens_mask
     from urm_ray.losses import act_loss
-    from urm_ray.train.evaluate import generate_unconditional
+    from urm_ray.eval.heldout import generate_unconditional
 
     torch.manual_seed(0)
     boards = torch.from_numpy(solutions(6)).long()  # [4, 36]
@@ -212,7 +212,7 @@ def test_prior_match_runs_from_its_start_step(model_batch):
 
 
 def test_sample_halt_q_stops_each_draw_where_its_halt_head_says(model_batch):
-    from urm_ray.train.evaluate import sample_answers
+    from urm_ray.eval.heldout import sample_answers
 
     torch.manual_seed(0)
     model = build_model(GRAMURMConfig(**TINY, sample_halt="q"), TASK).eval()

@@ -69,7 +69,7 @@ def test_sample_rejects_a_negative_temperature(gram_checkpoint, capsys):
 
 
 def test_eval_draws_its_prior_samples_at_the_given_temperature(gram_checkpoint, ray_local):
-    from urm_ray.train.offline import evaluate_checkpoint
+    from urm_ray.eval.offline import evaluate_checkpoint
 
     torch.manual_seed(0)  # the draws come from the global generator: a fixed outcome, not a flaky one
     noisy = evaluate_checkpoint(gram_checkpoint)

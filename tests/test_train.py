@@ -25,7 +25,7 @@ from urm_ray.config import load_config
 from urm_ray.data.tasks import sudoku
 from urm_ray.errors import ConfigError, DataError
 from urm_ray.train.driver import check_storage, fit
-from urm_ray.train.offline import evaluate_checkpoint
+from urm_ray.eval.offline import evaluate_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -7,14 +7,14 @@ from urm_ray.data.tasks.nqueens import valid_queens_mask
 from urm_ray.models.gram import GRAMConfig
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.models.trm import TRMConfig
-from urm_ray.train.evaluate import (
+from urm_ray.eval.heldout import (
     SAMPLED_METRICS,
     evaluate_sampled,
     generate_unconditional,
     sample_answers,
     summarize,
 )
-from urm_ray.train.voting import coverage, majority_vote
+from urm_ray.eval.voting import coverage, majority_vote
 
 A, B, C = [1, 1], [2, 2], [3, 3]  # three answers of L = 2 tokens
 
@@ -111,7 +111,7 @@ def test_generate_unconditional_from_a_blank_board():
 
 
 def test_evaluate_batch_counts_verifier_accepted_answers():
-    from urm_ray.train.evaluate import evaluate_batch, summarize
+    from urm_ray.eval.heldout import evaluate_batch, summarize
 
     model = build_model(TRMConfig(**{k: v for k, v in TINY.items() if k != "latent_dim"}), TASK).eval()
     batch = _batch(rows=3)
@@ -128,7 +128,7 @@ def test_evaluate_batch_counts_verifier_accepted_answers():
 
 
 def test_held_out_metrics_add_the_vote_and_coverage_only_when_sampling():
-    from urm_ray.train.evaluate import held_out_metrics
+    from urm_ray.eval.heldout import held_out_metrics
 
     torch.manual_seed(0)
     model = build_model(GRAMConfig(**TINY), TASK).eval()

@@ -24,10 +24,13 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from urm_ray.data.tasks import registry
 from urm_ray.errors import ConfigError, DataError, Interrupted, TrainingFailed
+
+if TYPE_CHECKING:
+    from urm_ray.eval.testtime import TestTime
 
 # `urm-ray <command> --help` ends with these examples
 EXAMPLES = {
@@ -39,7 +42,9 @@ EXAMPLES = {
   urm-ray train sudoku4-urm train.run_name=loops8             # resume loops8 after Ctrl-C""",
     "eval": """examples:
   urm-ray eval runs/loops8/checkpoint_<time>                  # its held-out split
-  urm-ray eval runs/arc/checkpoint_<time> --augmentations 100 --pass-k 1 2 --out report.json""",
+  urm-ray eval runs/arc/checkpoint_<time> --augmentations 100 --pass-k 1 2 --out report.json
+  urm-ray eval runs/trm/checkpoint_<time> --width 16 --noise 0.2 --select q   # test-time compute
+  urm-ray eval runs/trm/checkpoint_<time> --segments 32                       # deeper than trained""",
     "sample": """example:
   urm-ray sample runs/gram/checkpoint_<time> --num 64 --temperature 0.7""",
     "sweep": """examples:
@@ -96,9 +101,13 @@ def _ui(tracking_uri: str, run_id: str | None, experiment: bool = False) -> dict
 
 def _eval(args: argparse.Namespace) -> None:
     from urm_ray.cluster import init_ray
-    from urm_ray.train import offline
+    from urm_ray.eval import offline
 
     live = sys.stderr.isatty()
+    settings = _test_time(args)
+    if settings is not None:
+        _eval_test_time(args, settings, live)
+        return
     if not offline.task_of(args.checkpoint).versioned:
         offline.check_temperature(offline.config_of(args.checkpoint), args.temperature)  # before Ray starts
         init_ray(verbose=args.verbose)  # its split is read with Ray Data
@@ -121,8 +130,42 @@ def _eval(args: argparse.Namespace) -> None:
     print(json.dumps({k: v for k, v in report.items() if k != "tasks"}, indent=2))
 
 
+def _test_time(args: argparse.Namespace) -> TestTime | None:
+    """The test-time settings the eval flags ask for; None when they ask for none (the plain
+    evaluation; ARC's voting when the task is ARC)."""
+    from urm_ray.eval.testtime import TestTime
+
+    from urm_ray.eval import offline
+
+    asked = (args.width, args.noise, args.select, args.segments, args.loops, args.seed)
+    halt_early = args.halt_early and not offline.task_of(args.checkpoint).versioned  # ARC's is its own
+    if asked == (1, 0.0, "vote", 0, 0, 0) and not halt_early:
+        return None
+    return TestTime(width=args.width, noise=args.noise, select=args.select, segments=args.segments,
+                    loops=args.loops, halt_early=args.halt_early, seed=args.seed)
+
+
+def _eval_test_time(args: argparse.Namespace, settings: TestTime, live: bool) -> None:
+    from urm_ray.cluster import init_ray
+    from urm_ray.eval import offline
+
+    if offline.task_of(args.checkpoint).versioned:
+        raise ConfigError("--width/--noise/--select/--segments/--loops: an ARC checkpoint votes over augmented "
+                          "versions (--augmentations); test-time settings are for the other tasks")
+    if args.temperature is not None:
+        raise ConfigError("--temperature with test-time settings: set the trajectories with --width")
+    init_ray(verbose=args.verbose)  # its split is read with Ray Data
+    report = offline.evaluate_testtime_checkpoint(args.checkpoint, settings, split=args.split,
+                                                  max_rows=args.max_rows, live=live)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    if args.mlflow:
+        report["mlflow_run_id"] = offline.log_testtime(args.checkpoint, report, args.tracking_uri)
+    print(json.dumps(report, indent=2))
+
+
 def _sample(args: argparse.Namespace) -> None:
-    from urm_ray.train.sampling import sample_checkpoint
+    from urm_ray.eval.sampling import sample_checkpoint
 
     report = sample_checkpoint(args.checkpoint, args.num, args.seed, args.temperature)
     if not args.boards:
@@ -217,12 +260,23 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--augmentations", type=int, default=0,
                     help="ARC: augmented versions voted per test pair (0 = data.num_augmentations)")
     ev.add_argument("--halt-early", action="store_true",
-                    help="ARC: take each answer where the Q-head halts; stop batches early")
+                    help="take each answer where the Q-head first says halt (ARC: also stop batches early)")
+    ev.add_argument("--width", type=int, default=1,
+                    help="trajectories per puzzle, run as one batch (differ by --noise, or GRAM's prior)")
+    ev.add_argument("--noise", type=float, default=0.0,
+                    help="std of Gaussian noise on the recurrent state after each loop/cycle (not GRAM)")
+    ev.add_argument("--select", choices=["vote", "q", "verifier"], default="vote",
+                    help="a puzzle's answer among its trajectories: majority vote, highest Q-halt score, or "
+                         "the first the task's verifier accepts (an oracle: reported apart)")
+    ev.add_argument("--segments", type=int, default=0, help="ACT segments (depth; 0 = as trained)")
+    ev.add_argument("--loops", type=int, default=0,
+                    help="block-stack passes per segment, URM-like families (0 = as trained)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the test-time noise")
     ev.add_argument("--pass-k", type=int, nargs="+", default=[1, 2, 10, 100, 1000],
                     help="ARC: report pass@k for these k")
-    ev.add_argument("--out", default="", help="ARC: write the full report (per task) as JSON")
+    ev.add_argument("--out", default="", help="ARC, test-time settings: write the full report as JSON")
     ev.add_argument("--no-mlflow", dest="mlflow", action="store_false",
-                    help="ARC: do not log the evaluation to MLflow")
+                    help="ARC, test-time settings: do not log the evaluation to MLflow")
     ev.add_argument("--tracking-uri", default="", help="MLflow URI (default: the run's)")
     ev.add_argument("--temperature", type=float, default=None,
                     help="GRAM: draw the prior samples (train.eval_samples per row) at this temperature "

@@ -34,7 +34,7 @@ towards the batch's labels for the same input, matched one to one to the draws
 
 ``noise_scale = 0`` builds no guidance modules: the model is then exactly TRM (same weights, so
 a TRM state dict loads). Samples differ only through the global torch RNG; N trajectories run
-as one batch (see urm_ray.train.evaluate.evaluate_sampled).
+as one batch (see urm_ray.eval.heldout.evaluate_sampled).
 
 Multi-solution tasks (``latent_scope: row``): with one latent per position the posterior writes
 the answer cell by cell, and the prior, which draws each cell's noise alone, cannot make the
@@ -128,6 +128,9 @@ class GuidanceConfig:
 
     def check_guidance(self) -> None:
         """Validates the guidance fields; each config's __post_init__ calls it."""
+        require(getattr(self, "state_noise", 0.0) == 0,
+                f"model.state_noise={getattr(self, 'state_noise', 0.0)}: GRAM draws its own noise from its "
+                "prior (model.noise_scale; --temperature at evaluation)")
         require(self.latent_dim >= 0, f"model.latent_dim={self.latent_dim} must be >= 0")
         require(self.noise_scale >= 0, f"model.noise_scale={self.noise_scale} must be >= 0")
         require(self.sample_temperature >= 0, f"model.sample_temperature={self.sample_temperature} must be >= 0")
@@ -224,7 +227,7 @@ class Guided(nn.Module):
         super().__init__(config, task)  # the core's (TRM, URM): Guided comes first in the bases
         # read at every call, so a built model can be switched to its deterministic core (0)
         self.noise_scale = config.noise_scale
-        self.sample_halt = config.sample_halt  # read by evaluate.sample_answers
+        self.sample_halt = config.sample_halt  # read by heldout.sample_answers
         self.sample_temperature = config.sample_temperature  # read at every prior draw in eval mode
         # the KL's weight now (a tensor, so a compiled graph reads it rather than baking it in)
         self.register_buffer("kl_weight", torch.tensor(kl_coef_at(config, 0)), persistent=False)

@@ -65,9 +65,14 @@ class HRM(RecurrentModel):
             for h_step in range(h_cycles):
                 last = h_step == h_cycles - 1
                 for _ in range(l_cycles - int(last)):
-                    z_L = self.L_level(z_L, z_H + x, rope)
+                    z_L = self.explore(self.L_level(z_L, z_H + x, rope))
                 if not last:
-                    z_H = self.H_level(z_H, z_L, rope)
-        z_L = self.L_level(z_L, z_H + x, rope)  # the one-step gradient
-        z_H = self.H_level(z_H, z_L, rope)
+                    z_H = self.explore(self.H_level(z_H, z_L, rope))
+        z_L = self.explore(self.L_level(z_L, z_H + x, rope))  # the one-step gradient
+        z_H = self.explore(self.H_level(z_H, z_L, rope))
         return {"z_H": z_H, "z_L": z_L}
+
+    @property
+    def stack_passes(self) -> int:
+        """Passes of either module's stack (H and L are stacks of their own depths)."""
+        return self.config.h_cycles * (self.config.l_cycles + 1)

@@ -73,6 +73,9 @@ class RecurrentConfig:
     # ACT: halt when q_halt > q_continue and learn q_continue from a bootstrapped target
     # (HRM); false = halt when q_halt > 0 and leave q_continue untrained (URM, TRM)
     q_continue_target: bool = False
+    # test-time exploration: std of the Gaussian noise added to the recurrent state after each
+    # loop or cycle (the state is RMS-normalized, so 0.1 is 10 % of its scale); 0 = deterministic
+    state_noise: float = 0.0
 
     def __post_init__(self) -> None:
         require(self.hidden_size >= 1, f"model.hidden_size={self.hidden_size} must be >= 1")
@@ -98,6 +101,7 @@ class RecurrentConfig:
             0.0 <= self.halt_exploration_prob <= 1.0,
             f"model.halt_exploration_prob={self.halt_exploration_prob} must be in [0, 1]",
         )
+        require(self.state_noise >= 0, f"model.state_noise={self.state_noise} must be >= 0")
         if self.ffn == "swiglu" and (self.conv_kernel != 2 or self.conv_position != "after_gate"):
             warnings.warn("model.conv_kernel / model.conv_position have no effect with model.ffn=swiglu")
         # the family's default is no choice of the user's, and 0 is "off": neither warns
@@ -160,6 +164,17 @@ class RecurrentModel(ACTModel):
     def recur(self, state: State, x: Tensor, rope: Rope) -> State:
         """One segment's recurrence on the states, given input embeddings x [B, T, D]."""
         raise NotImplementedError
+
+    @property
+    def stack_passes(self) -> int:
+        """Passes of a block stack per ACT segment: the unit of test-time compute."""
+        raise NotImplementedError
+
+    def explore(self, h: Tensor) -> Tensor:
+        """h plus Gaussian noise of std ``model.state_noise`` (each family calls it on its state
+        after each loop or cycle); h itself at 0."""
+        noise = self.config.state_noise
+        return h if noise == 0 else h + noise * torch.randn_like(h)
 
     def embed_input(self, inputs: Tensor, puzzle_ids: Tensor) -> Tensor:
         """sqrt(D) * [puzzle prefix; token embeddings] -> [B, prefix_len + L, D]."""

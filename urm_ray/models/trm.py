@@ -59,8 +59,8 @@ class TRM(RecurrentModel):
     def cycle(self, z_H: Tensor, z_L: Tensor, x: Tensor, rope: Rope) -> tuple[Tensor, Tensor]:
         """l_cycles latent updates, then one answer update."""
         for _ in range(self.config.l_cycles):
-            z_L = self.net(z_L, z_H + x, rope)
-        return self.net(z_H, z_L, rope), z_L
+            z_L = self.explore(self.net(z_L, z_H + x, rope))
+        return self.explore(self.net(z_H, z_L, rope)), z_L
 
     def recur(self, state: State, x: Tensor, rope: Rope) -> State:
         z_H, z_L = state["z_H"], state["z_L"]  # [B, T, D] each
@@ -69,3 +69,7 @@ class TRM(RecurrentModel):
                 z_H, z_L = self.cycle(z_H, z_L, x, rope)
         z_H, z_L = self.cycle(z_H, z_L, x, rope)
         return {"z_H": z_H, "z_L": z_L}
+
+    @property
+    def stack_passes(self) -> int:
+        return self.config.h_cycles * (self.config.l_cycles + 1)

@@ -63,7 +63,11 @@ class URM(RecurrentModel):
         h = state["hidden"]  # [B, T, D]
         with torch.no_grad():
             for _ in range(self.config.truncation):
-                h = self.blocks(h, x, rope)
+                h = self.explore(self.blocks(h, x, rope))
         for _ in range(self.config.loops - self.config.truncation):
-            h = self.blocks(h, x, rope)
+            h = self.explore(self.blocks(h, x, rope))
         return {"hidden": h}
+
+    @property
+    def stack_passes(self) -> int:
+        return self.config.loops

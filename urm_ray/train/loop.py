@@ -32,8 +32,9 @@ from urm_ray.data.tasks.verify import optional_verifier
 from urm_ray.errors import TrainingDiverged
 from urm_ray.models.task import TaskSpec
 from urm_ray.tracking import Tracker, make_tracker
+from urm_ray.eval import testtime
+from urm_ray.eval.heldout import held_out_metrics
 from urm_ray.train import checkpoint
-from urm_ray.train.evaluate import held_out_metrics
 from urm_ray.train.hosts import Host, WorkerHost
 from urm_ray.train.live import Sender
 from urm_ray.train.step import TrainState, build_state, evaluation_model, targets_for, train_step
@@ -216,22 +217,39 @@ class Loop:
         """Held-out metrics over every eval row once: each rank reads the whole (unsplit) split
         in stored order and scores every world-th batch; the sums are all-reduced."""
         rows, rank, world = self.host.shard("eval"), self.host.rank, self.host.world
-        device = self.state.device
+        device, train = self.state.device, self.cfg.train
 
-        def batches() -> Iterator[dict[str, torch.Tensor]]:
-            stored = stream.iter_torch_batches(
-                rows, self.cfg.train.eval_batch_size, epoch=0, seed=0, shuffle=False,
-                drop_last=False, buffer_rows=0,
-            )
+        def batches(size: int = train.eval_batch_size) -> Iterator[dict[str, torch.Tensor]]:
+            stored = stream.iter_torch_batches(rows, size, epoch=0, seed=0, shuffle=False, drop_last=False,
+                                               buffer_rows=0)
             return ({k: v.to(device) for k, v in b.items()}
                     for i, b in enumerate(stored) if i % world == rank)
 
         with evaluation_model(self.state) as model:
-            metrics = held_out_metrics(model, batches, self.cfg.train.eval_samples,
-                                       self.eval_verifier, reduce=self._all_reduce)
+            metrics = held_out_metrics(model, batches, train.eval_samples, self.eval_verifier,
+                                       reduce=self._all_reduce)
             if self.arc_views:
                 metrics.update(self.arc_metrics(model))
+            if train.eval_curves:
+                metrics.update(self.curves(model, batches(max(1, train.eval_batch_size // train.eval_curves))))
         return metrics
+
+    def curves(self, model: nn.Module, batches: Iterator[dict[str, torch.Tensor]]) -> dict[str, float]:
+        """Held-out exact accuracy against depth and width (``eval.testtime``), as metrics, and
+        their plot against passes per puzzle as an artifact (curves/step-<step>.png)."""
+        train, step = self.cfg.train, self.state.position.step
+        settings = testtime.TestTime(width=train.eval_curves, noise=train.eval_curves_noise,
+                                     select=train.eval_curves_select, seed=train.seed)
+        with testtime.applied(model, settings):
+            sums = self._all_reduce(testtime.accumulate(batches, model, settings, self.eval_verifier))
+        report = testtime.summarize(sums, settings)
+        if self.host.rank == 0:
+            with tempfile.TemporaryDirectory() as folder:
+                plot = Path(folder) / f"step-{step:07d}.png"
+                self.tracker.log_artifact(testtime.plot_curves(report, str(plot), f"step {step}"), "curves")
+        out = {f"eval/curves/depth_{k}": acc for k, acc in report["depth_curve"].items()}
+        out.update({f"eval/curves/width_{w}": acc for w, acc in report["width_curve"].items()})
+        return {**out, "eval/curves/passes_per_puzzle": report["passes_per_puzzle"]}
 
     def arc_metrics(self, model: nn.Module) -> dict[str, float]:
         """``urm-ray eval``'s ARC vote over ``arc_views`` views of each held-out test input, with

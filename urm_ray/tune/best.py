@@ -174,7 +174,7 @@ def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, over
                   parent: str, model_name: str, scale_up_s: float = 0.0,
                   live: bool = False) -> FinalOutcome:
     from urm_ray.train.driver import fit
-    from urm_ray.train.offline import load_checkpoint
+    from urm_ray.eval.offline import load_checkpoint
 
     # the trials' resources stay behind: the run at full length gets the base config's, the
     # space's final overrides or the command line's

@@ -22,12 +22,13 @@ from urm_ray.data.tasks.arc.evaluate import PASS_KS, evaluate_arc
 from urm_ray.data.tasks.task import PuzzleTask
 from urm_ray.data.tasks.verify import optional_verifier
 from urm_ray.errors import ConfigError
+from urm_ray.eval import testtime
+from urm_ray.eval.heldout import held_out_metrics
 from urm_ray.models.registry import build_model
 from urm_ray.models.task import TaskSpec
 from urm_ray.optim import EMA
 from urm_ray.progress import Progress
 from urm_ray.train import checkpoint
-from urm_ray.train.evaluate import held_out_metrics
 
 
 def load_checkpoint(folder: str | Path, temperature: Optional[float] = None) -> tuple[RunConfig, torch.nn.Module]:
@@ -106,6 +107,43 @@ def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0, 
     return {"split": data_cfg.eval_split, **drawn, **metrics}
 
 
+def evaluate_testtime_checkpoint(folder: str | Path, settings: testtime.TestTime, split: str = "",
+                                 max_rows: int = 0, live: bool = False) -> dict[str, Any]:
+    """A checkpoint under test-time ``settings`` (``eval.testtime``) on a split of its dataset:
+    accuracies by each selection, passes and seconds per puzzle, the depth and width curves."""
+    cfg, model, step = _load(folder)
+    with testtime.applied(model, settings):  # fails on settings the model cannot take, before the data
+        data_cfg = replace(cfg.data, eval_split=split or cfg.data.eval_split)
+        dataset = stream.eval_dataset(data_cfg)
+        if max_rows:
+            dataset = dataset.limit(max_rows)
+        meta = stream.load_meta(cfg.data)
+        progress = Progress(f"eval {data_cfg.eval_split} width {settings.width}",
+                            _split_rows(meta, data_cfg.eval_split, max_rows), unit="rows", every_s=5.0, live=live)
+        batch_size = max(1, cfg.train.eval_batch_size // settings.width)  # rows x width per forward
+
+        def batches() -> Iterator[dict[str, torch.Tensor]]:
+            for batch in stream.iter_torch_batches(dataset, batch_size, epoch=0, seed=0, shuffle=False,
+                                                   drop_last=False, buffer_rows=0):
+                progress.update(progress.done + len(batch["inputs"]))
+                yield batch
+
+        sums = testtime.accumulate(batches(), model, settings, optional_verifier(meta.task, meta.seq_len))
+        progress.finish()
+    return {"split": data_cfg.eval_split, "step": step, **testtime.summarize(sums, settings)}
+
+
+def log_testtime(folder: str | Path, report: dict[str, Any], tracking_uri: str = "") -> str | None:
+    """Logs a test-time evaluation as ``<run>/eval-<split>-w<width>-n<noise>-<select>-s<segments>``:
+    its numbers, the curves as metric histories (``eval/testtime/width_exact`` at step = width,
+    ``depth_exact`` at step = segments), their plot (testtime.png) and the report (JSON)."""
+    suffix = f"-w{report['width']}-n{report['noise']:g}-{report['select']}-s{report['segments']}"
+    with tempfile.TemporaryDirectory() as tmp:
+        plot = Path(testtime.plot_curves(report, str(Path(tmp) / "testtime.png"), suffix[1:]))
+        return log_to_mlflow(folder, report["split"], testtime.scalar_metrics(report), report["step"], report,
+                             tracking_uri, suffix, testtime.curve_metrics(report), [plot])
+
+
 def _split_rows(meta: DatasetMeta, split: str, max_rows: int) -> int:
     """Rows of ``split`` (at most ``max_rows`` when > 0); 0 when the metadata has no such split."""
     rows = meta.splits[split].num_rows if split in meta.splits else 0
@@ -136,11 +174,14 @@ def evaluate_arc_checkpoint(folder: str | Path, split: str = "", num_augmentatio
 
 
 def log_to_mlflow(folder: str | Path, split: str, metrics: dict[str, float], step: int = 0,
-                  details: dict[str, Any] | None = None, tracking_uri: str = "") -> str | None:
+                  details: dict[str, Any] | None = None, tracking_uri: str = "", suffix: str = "",
+                  series: Sequence[tuple[dict[str, float], int]] = (),
+                  plots: Sequence[Path] = ()) -> str | None:
     """Logs an evaluation into MLflow; returns the run id (None when tracking is disabled).
 
-    The run is ``<run_name>/eval-<split>`` in the training run's experiment, tagged as a child of
-    the training run when it exists; metrics at the checkpoint's step; ``details`` as JSON."""
+    The run is ``<run_name>/eval-<split><suffix>`` in the training run's experiment, tagged as a
+    child of the training run when it exists; metrics at the checkpoint's step, ``series`` as
+    metric histories ((metrics, step) pairs), ``details`` as JSON, ``plots`` as artifacts."""
     from urm_ray import tracking
 
     cfg = config_of(folder)
@@ -150,10 +191,14 @@ def log_to_mlflow(folder: str | Path, split: str, metrics: dict[str, float], ste
     run_name = cfg.train.run_name or Path(folder).resolve().parent.name
     parent = tracking.find_run_id(uri, cfg.tracking.experiment, run_name)
     tags = {tracking.PARENT_TAG: parent} if parent else {}
-    run_id = tracking.open_run(uri, cfg.tracking.experiment, f"{run_name}/eval-{split}",
+    run_id = tracking.open_run(uri, cfg.tracking.experiment, f"{run_name}/eval-{split}{suffix}",
                                {"checkpoint": str(Path(folder).resolve()), "split": split}, tags)
     tracking.log_metrics(uri, run_id, {k: v for k, v in metrics.items()
                                        if isinstance(v, (int, float))}, step)
+    for values, at in series:
+        tracking.log_metrics(uri, run_id, values, at)
+    for plot in plots:
+        tracking.log_artifact(uri, run_id, plot)
     if details is not None:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / f"eval-{split}.json"

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from urm_ray.train.voting import coverage, majority_vote
+from urm_ray.eval.voting import coverage, majority_vote
 
 IGNORE = -100
 SUM_KEYS = ("rows", "exact", "tokens_correct", "tokens", "segments", "q_segments", "q_exact", "valid")

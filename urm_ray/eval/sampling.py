@@ -17,8 +17,8 @@ import torch
 from urm_ray.data import stream
 from urm_ray.data.tasks.verify import verifier_for
 from urm_ray.errors import DataError
-from urm_ray.train.evaluate import IGNORE, generate_unconditional
-from urm_ray.train.offline import load_checkpoint
+from urm_ray.eval.heldout import IGNORE, generate_unconditional
+from urm_ray.eval.offline import load_checkpoint
 
 BLANK_TOKEN = 1  # the empty cell of the Sudoku and N-Queens datasets (0 is padding)
 

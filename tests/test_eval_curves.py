@@ -1,0 +1,75 @@
+"""Test-time compute end to end on a real run: the curves a training run logs at each evaluation,
+and `urm-ray eval` with test-time settings on its checkpoint (real Ray Data, real MLflow store)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from urm_ray.config import load_config
+from urm_ray.data.tasks import sudoku
+from urm_ray.eval.offline import evaluate_checkpoint, evaluate_testtime_checkpoint, log_testtime
+from urm_ray.eval.testtime import TestTime
+from urm_ray.train.driver import fit
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, ray_local) -> tuple[Path, str, dict]:
+    root = tmp_path_factory.mktemp("curves")
+    data = root / "sudoku4"
+    sudoku.build_generated(data, size=4, num_train=300, num_test=40, blanks=8, seed=1)
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    cfg = load_config("sudoku4-urm", [
+        f"data.path={data}", f"train.storage_path={root / 'runs'}", f"tracking.tracking_uri={uri}",
+        "tracking.experiment=curves", "train.steps=40", "train.eval_every=20", "train.checkpoint_every=0",
+        "train.log_every=20", "train.global_batch_size=32", "model.hidden_size=32", "model.num_heads=2",
+        "model.max_segments=3", "train.eval_curves=4", "train.eval_curves_noise=0.3",
+        "train.eval_curves_select=q", "train.run_name=curves", "train.in_process=true",
+    ])
+    result = fit(cfg)
+    return root, uri, {"mlflow_run_id": result.mlflow_run_id, "checkpoint": result.checkpoint_path}
+
+
+def test_a_run_logs_its_curves_at_each_evaluation(trained):
+    root, uri, metrics = trained
+    client = MlflowClient(uri)
+    run = client.get_run(metrics["mlflow_run_id"])
+    keys = {k for k in run.data.metrics if k.startswith("eval/curves/")}
+    assert keys == {"eval/curves/depth_1", "eval/curves/depth_2", "eval/curves/depth_3", "eval/curves/width_1",
+                    "eval/curves/width_2", "eval/curves/width_4", "eval/curves/passes_per_puzzle"}
+    for key in ("eval/curves/depth_3", "eval/curves/width_4"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [20, 40]
+    assert run.data.metrics["eval/curves/passes_per_puzzle"] == 4 * 3 * 4  # width x segments x loops
+    plots = {a.path for a in client.list_artifacts(run.info.run_id, "curves")}
+    assert plots == {"curves/step-0000020.png", "curves/step-0000040.png"}
+    for value in (run.data.metrics[k] for k in keys - {"eval/curves/passes_per_puzzle"}):
+        assert 0.0 <= value <= 1.0
+
+
+def test_eval_with_test_time_settings_reports_and_logs(trained):
+    root, uri, metrics = trained
+    checkpoint = metrics["checkpoint"]
+    settings = TestTime(width=4, noise=0.3, select="q", segments=5)
+    report = json.loads(json.dumps(evaluate_testtime_checkpoint(checkpoint, settings)))  # as --out writes it
+    report["mlflow_run_id"] = log_testtime(checkpoint, report)
+    assert (report["width"], report["segments"], report["select"], report["rows"]) == (4, 5, "q", 40)
+    assert report["passes_per_puzzle"] == 4 * 5 * 4
+    assert list(report["depth_curve"]) == ["1", "2", "3", "4", "5"]
+    assert report["exact_accuracy"] == report["q_exact_accuracy"]
+    assert report["oracle_exact_accuracy"] >= max(report["vote_exact_accuracy"], report["q_exact_accuracy"])
+    client = MlflowClient(uri)
+    run = client.get_run(report["mlflow_run_id"])
+    assert run.info.run_name == "curves/eval-test-w4-n0.3-q-s5"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/testtime/width_exact")] == [1, 2, 4]
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"testtime.png", "eval-test.json"}
+
+    # width 1 without noise, at the trained depth: the plain evaluation
+    same = evaluate_testtime_checkpoint(checkpoint, TestTime(segments=3))
+    plain = evaluate_checkpoint(checkpoint)
+    assert same["exact_accuracy"] == plain["eval/exact_accuracy"]
+    assert same["valid_accuracy"] == plain["eval/valid_accuracy"]

@@ -1,0 +1,161 @@
+"""Test-time compute (urm_ray.eval.testtime) on tiny models of every family: width 1 without noise
+is the plain evaluation bit for bit, noise is seeded, the selections pick what they say, and the
+verifier's pick is reported apart."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from urm_ray.errors import ConfigError
+from urm_ray.eval.heldout import evaluate_batch
+from urm_ray.eval.testtime import (
+    TestTime,
+    applied,
+    evaluate_testtime,
+    rollout,
+    select_accepted,
+    select_q,
+    summarize,
+    widths,
+)
+
+from tiny import FAMILIES, batch, trainer
+
+
+def model_of(family: str) -> torch.nn.Module:
+    return trainer(family, False).model.eval()
+
+
+def own_answers(model: torch.nn.Module, data: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The plain evaluation's final answers, rolled as ``evaluate_batch`` rolls them."""
+    carry = model.initial_carry(data)
+    with torch.no_grad():
+        while True:
+            carry, outputs = model(carry, data)
+            if bool(carry.halted.all()):
+                return outputs["logits"].argmax(-1)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_width_one_without_noise_is_the_plain_evaluation(family: str):
+    model = model_of(family)
+    data = batch(0)
+    torch.manual_seed(0)  # GRAM samples from its prior: the same draws as the settings' seed 0
+    answers = own_answers(model, data)
+    data["labels"] = torch.where(torch.arange(16) % 3 == 0, answers, data["labels"])  # some rows right
+    data["labels"][::2] = answers[::2]
+    settings = TestTime()
+    with applied(model, settings):
+        torch.manual_seed(0)
+        roll = rollout(model, data, 1, False)
+        sums = evaluate_testtime(model, data, settings)
+    assert torch.equal(roll.answers[-1, 0], answers)
+    torch.manual_seed(0)
+    plain = evaluate_batch(model, data)
+    assert 0 < float(plain["exact"]) < 8
+    for key in ("exact", "vote_exact", "q_exact"):
+        assert float(sums[key]) == float(plain["exact"]), key
+    report = summarize(sums, settings)
+    assert report["passes_per_puzzle"] == model.max_segments * model.stack_passes
+    assert report["width_curve"] == {1: report["exact_accuracy"]}
+    assert list(report["depth_curve"]) == list(range(1, model.max_segments + 1))
+    assert report["depth_curve"][model.max_segments] == report["exact_accuracy"]
+
+
+@pytest.mark.parametrize("family", ["urm", "trm", "hrm"])
+def test_noise_changes_the_answers_and_the_seed_fixes_them(family: str):
+    model = model_of(family)
+    data = batch(1)
+
+    def answers(noise: float, seed: int) -> torch.Tensor:
+        settings = TestTime(width=4, noise=noise, seed=seed)
+        with applied(model, settings):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                return rollout(model, data, settings.width, False).answers[-1]
+
+    quiet, noisy = answers(0.0, 0), answers(3.0, 0)
+    assert torch.equal(quiet[0], quiet[3])  # no noise: every trajectory the same
+    assert not torch.equal(noisy[0], noisy[1])  # noise: trajectories differ
+    assert not torch.equal(quiet[0], noisy[0])
+    assert torch.equal(noisy, answers(3.0, 0))
+    assert not torch.equal(noisy, answers(3.0, 1))
+    assert model.config.state_noise == 0.0  # restored on exit
+
+
+def test_q_selection_takes_the_highest_halting_score():
+    answers = torch.tensor([[[1, 1], [5, 5], [7, 7]],
+                            [[2, 2], [6, 6], [8, 8]],
+                            [[3, 3], [4, 4], [9, 9]]])  # [N=3, B=3, L=2]
+    q = torch.tensor([[0.1, 2.0, -1.0],
+                      [0.3, -5.0, -0.5],
+                      [0.2, 1.0, -2.0]])  # [N, B]
+    assert select_q(answers, q).tolist() == [[2, 2], [5, 5], [8, 8]]
+    accepted = torch.tensor([[False, False, False], [False, True, False], [True, True, False]])
+    assert select_accepted(answers, accepted).tolist() == [[3, 3], [6, 6], [7, 7]]  # none: the first
+
+
+def test_the_verifiers_pick_is_reported_apart():
+    model = model_of("urm")
+    data = batch(2)
+    settings = TestTime(width=4, noise=3.0, seed=5)
+    with applied(model, settings):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(settings.seed)
+            third = rollout(model, data, 4, False).answers[-1, 2]
+        data["labels"] = third  # only trajectory 2 answers right, in every row
+        vote = summarize(evaluate_testtime(model, data, settings), settings)
+        oracle_settings = TestTime(width=4, noise=3.0, seed=5, select="verifier")
+        oracle = summarize(evaluate_testtime(model, data, oracle_settings), oracle_settings)
+    assert vote["oracle_exact_accuracy"] == 1.0
+    assert vote["exact_accuracy"] == vote["vote_exact_accuracy"] < 1.0
+    assert oracle["exact_accuracy"] == 1.0 and oracle["select"] == "verifier"
+    assert vote["width_curve"].keys() == {1, 2, 4}
+
+
+def test_deeper_and_wider_than_trained_count_their_passes():
+    model = model_of("urm")
+    trained = model.max_segments
+    settings = TestTime(width=3, segments=trained + 2, loops=5)
+    with applied(model, settings):
+        report = summarize(evaluate_testtime(model, batch(3), settings), settings)
+        assert model.config.loops == 5
+    assert model.config.loops == 3 and model.max_segments == trained  # restored on exit
+    assert report["segments"] == trained + 2
+    assert report["passes_per_puzzle"] == 3 * (trained + 2) * 5
+    assert widths(3) == [1, 2, 3] and widths(16) == [1, 2, 4, 8, 16] and widths(1) == [1]
+
+
+def test_halt_early_counts_only_the_segments_run():
+    model = model_of("urm")
+    with torch.no_grad():
+        model.q_head.bias.fill_(5.0)  # every trajectory says halt at once
+    settings = TestTime(width=2, halt_early=True)
+    with applied(model, settings):
+        report = summarize(evaluate_testtime(model, batch(4), settings), settings)
+    assert report["passes_per_puzzle"] == 2 * 1 * model.stack_passes
+
+
+def test_settings_a_model_cannot_take_fail_before_any_work():
+    with pytest.raises(ConfigError, match="--noise 0.5: gram draws its own noise"):
+        with applied(model_of("gram"), TestTime(noise=0.5)):
+            pass
+    with pytest.raises(ConfigError, match="--loops 4: trm has no loops"):
+        with applied(model_of("trm"), TestTime(loops=4)):
+            pass
+    with pytest.raises(ConfigError, match="must exceed model.truncation=1"):
+        with applied(model_of("urm"), TestTime(loops=1)):
+            pass
+    with pytest.raises(ConfigError, match="--width 0"):
+        TestTime(width=0)
+    with pytest.raises(ConfigError, match="--select 'best'"):
+        TestTime(select="best")  # type: ignore[arg-type]
+
+
+def test_gram_trajectories_differ_through_its_prior():
+    model = model_of("gram")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        answers = rollout(model, batch(5), 4, False).answers[-1]
+    assert any(not torch.equal(answers[0], answers[i]) for i in range(1, 4))

@@ -1,0 +1,1 @@
+"""Evaluation: held-out metrics, checkpoints, GRAM sampling, voting and test-time compute."""

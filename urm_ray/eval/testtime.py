@@ -1,0 +1,298 @@
+"""Test-time compute of a trained model: width, depth and noise at evaluation, without retraining.
+
+    settings = TestTime(width=16, noise=0.1, select="q", segments=24)
+    with applied(model, settings):                       # depth, loops and noise set on the model
+        sums = evaluate_testtime(model, batch, settings, verifier)
+
+Width N runs N trajectories per puzzle as one batch of N * B rows (trajectory-major, as GRAM's
+prior samples). They differ where the model draws noise: ``model.state_noise`` (Gaussian noise on
+the recurrent state after each loop or cycle, any family but GRAM) or GRAM's own prior. Depth
+runs ``segments`` ACT segments (more than the model trained with, if asked) and, for the families
+with loops, ``loops`` block-stack passes per segment.
+
+Each puzzle's answer is chosen among its N trajectories:
+
+- ``vote``: the most frequent answer (ties to the earliest trajectory);
+- ``q``: the trajectory whose Q-head scores halting highest where it answered;
+- ``verifier``: the first trajectory whose answer the task's verifier accepts (the label where a
+  task has no verifier). That uses an oracle the other two lack, so it is always reported apart
+  (``oracle_exact``), never as ``exact``.
+
+Compute is counted in block-stack passes per puzzle: trajectories x segments run x the family's
+``stack_passes`` per segment. With ``halt_early`` a trajectory answers at the first segment its
+Q-head says halt and counts only the segments up to there.
+
+The sums also hold two curves from the same rollout: exact accuracy (by ``select``, vote or q)
+against depth, at each segment 1..K, and against width, over the first 1, 2, 4, ... N
+trajectories. Width 1 with noise 0 is the plain evaluation, bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+from torch import Tensor, nn
+
+from urm_ray.errors import ConfigError
+from urm_ray.eval.heldout import IGNORE, Verifier
+from urm_ray.eval.voting import majority_vote
+
+Select = Literal["vote", "q", "verifier"]
+SELECTS: tuple[Select, ...] = ("vote", "q", "verifier")
+
+
+@dataclass(frozen=True)
+class TestTime:
+    """What a trained model spends at evaluation. 0 for ``segments`` / ``loops``: as trained."""
+
+    width: int = 1  # trajectories per puzzle, run as one batch
+    noise: float = 0.0  # std of the Gaussian noise on the recurrent state (model.state_noise)
+    select: Select = "vote"  # how a puzzle's answer is chosen among its trajectories
+    segments: int = 0  # ACT segments (depth); 0 = model.max_segments
+    loops: int = 0  # block-stack passes per segment (URM-like families); 0 = model.loops
+    halt_early: bool = False  # each trajectory answers where its Q-head first says halt
+    seed: int = 0  # seeds the noise: the same seed gives the same answers
+
+    def __post_init__(self) -> None:
+        if self.width < 1:
+            raise ConfigError(f"--width {self.width}: expected an integer >= 1")
+        if self.noise < 0:
+            raise ConfigError(f"--noise {self.noise}: expected a value >= 0")
+        if self.select not in SELECTS:
+            raise ConfigError(f"--select {self.select!r}: expected one of {', '.join(SELECTS)}")
+        if self.segments < 0 or self.loops < 0:
+            raise ConfigError(f"--segments {self.segments} / --loops {self.loops}: expected >= 1 (0 = as trained)")
+
+    __test__ = False  # not a pytest class
+
+
+def widths(width: int) -> list[int]:
+    """The width curve's points: 1, 2, 4, ... below ``width``, then ``width``."""
+    points = [1]
+    while points[-1] * 2 < width:
+        points.append(points[-1] * 2)
+    return points if width == 1 else [*points, width]
+
+
+@contextmanager
+def applied(model: nn.Module, settings: TestTime) -> Iterator[nn.Module]:
+    """``model`` with the settings' depth, loops and noise; what it had comes back on exit.
+
+    ConfigError where the model cannot take them: noise on GRAM (it samples from its prior),
+    ``loops`` on a family without loops, fewer loops than its truncation."""
+    config = model.config
+    if settings.noise and hasattr(model, "guide"):
+        raise ConfigError(f"--noise {settings.noise}: {config.name} draws its own noise from its prior "
+                          "(--temperature)")
+    if settings.loops:
+        if not hasattr(config, "loops"):
+            raise ConfigError(f"--loops {settings.loops}: {config.name} has no loops (URM-like families do); "
+                              "--segments sets its depth")
+        if settings.loops <= getattr(config, "truncation", 0):
+            raise ConfigError(f"--loops {settings.loops}: must exceed model.truncation={config.truncation}")
+    saved = (model.max_segments, config.state_noise, getattr(config, "loops", None))
+    model.max_segments = settings.segments or model.max_segments
+    config.state_noise = settings.noise
+    if settings.loops:
+        config.loops = settings.loops
+    try:
+        yield model
+    finally:
+        model.max_segments, config.state_noise = saved[:2]
+        if saved[2] is not None:
+            config.loops = saved[2]
+
+
+@dataclass
+class Rollout:
+    """N trajectories of B puzzles through K segments."""
+
+    answers: Tensor  # [K, N, B, L]: each trajectory's decoded answer after each segment
+    q_halt: Tensor  # [K, N, B]: its Q-halt logit after each segment
+    halts_at: Tensor  # [N, B]: the segment (1..K) where it answers with halt_early, else K
+
+
+@torch.no_grad()
+def rollout(model: nn.Module, batch: dict[str, Tensor], width: int, halt_early: bool) -> Rollout:
+    """Run ``width`` trajectories of every row of ``batch`` through all of the model's segments
+    (eval mode: an ACT model halts only at its segment limit)."""
+    if model.training:
+        raise ValueError("rollout needs model.eval()")
+    repeated = {k: v.repeat(width, *([1] * (v.ndim - 1))) for k, v in batch.items()}
+    carry = model.initial_carry(repeated)
+    answers, q_halt = [], []
+    while True:
+        carry, outputs = model(carry, repeated)
+        answers.append(outputs["logits"].argmax(-1).view(width, *batch["labels"].shape))
+        q_halt.append(outputs["q_halt_logits"].float().view(width, -1))
+        if bool(carry.halted.all()):
+            break
+    q = torch.stack(q_halt)  # [K, N, B]
+    segments = len(answers)
+    halts_at = torch.full(q.shape[1:], segments, dtype=torch.long, device=q.device)
+    if halt_early:
+        said = q > 0  # [K, N, B]
+        first = said.int().argmax(0) + 1  # the first segment that says halt (1-based)
+        halts_at = torch.where(said.any(0), first, halts_at)
+    return Rollout(torch.stack(answers), q, halts_at)
+
+
+def answered(roll: Rollout) -> tuple[Tensor, Tensor]:
+    """Each trajectory's answer [N, B, L] and Q-halt score [N, B] where it answers."""
+    index = (roll.halts_at - 1).unsqueeze(0)  # [1, N, B]
+    answers = roll.answers.gather(0, index.unsqueeze(-1).expand(1, *roll.answers.shape[1:])).squeeze(0)
+    return answers, roll.q_halt.gather(0, index).squeeze(0)
+
+
+def pick(answers: Tensor, index: Tensor) -> Tensor:
+    """answers [N, B, L] -> [B, L]: trajectory ``index[b]`` of each row."""
+    return answers.gather(0, index.view(1, -1, 1).expand(1, *answers.shape[1:])).squeeze(0)
+
+
+def select_q(answers: Tensor, q_halt: Tensor) -> Tensor:
+    """The answer of the trajectory with the highest Q-halt score, per row ([N, B, L], [N, B])."""
+    return pick(answers, q_halt.argmax(0))
+
+
+def select_accepted(answers: Tensor, accepted: Tensor) -> Tensor:
+    """The first accepted trajectory's answer per row (trajectory 0's where none is)."""
+    return pick(answers, accepted.int().argmax(0))
+
+
+def choose(answers: Tensor, q_halt: Tensor, how: Select) -> Tensor:
+    """A row's answer among its trajectories, by vote or by Q (``verifier`` goes through
+    ``select_accepted``)."""
+    return majority_vote(answers) if how == "vote" else select_q(answers, q_halt)
+
+
+def exact(answers: Tensor, labels: Tensor) -> Tensor:
+    """[..., B] bool: the answer equals the label on every supervised token."""
+    mask = labels != IGNORE
+    return ((answers == labels) | ~mask).all(-1)
+
+
+@torch.no_grad()
+def evaluate_testtime(model: nn.Module, batch: dict[str, Tensor], settings: TestTime,
+                      verifier: Optional[Verifier] = None) -> dict[str, Tensor]:
+    """Per-metric sums (float64 scalars) of one batch under ``settings`` (already ``applied``):
+    ``exact`` by the settings' selection (vote or q; verifier selection puts the oracle's here
+    too), ``vote_exact``, ``q_exact``, ``oracle_exact`` (the first trajectory the verifier accepts),
+    ``valid`` (the selected answer accepted by the verifier), block-stack ``passes``, ``seconds``
+    of wall time, and the curves: ``depth@k`` (exact at segment k) and ``width@w``."""
+    start = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(settings.seed)
+        roll = rollout(model, batch, settings.width, settings.halt_early)
+    labels, inputs = batch["labels"], batch["inputs"]
+    width, rows = settings.width, labels.shape[0]
+    answers, q_halt = answered(roll)  # [N, B, L], [N, B]
+
+    def accepts(candidates: Tensor) -> Tensor:  # [n, B, L] -> [n, B]
+        if verifier is None:
+            return exact(candidates, labels)
+        n = candidates.shape[0]
+        judged = verifier(candidates.flatten(0, 1), inputs.repeat(n, 1), labels.repeat(n, 1))
+        return judged.to(labels.device, torch.bool).view(n, -1)
+
+    accepted = accepts(answers)
+    oracle = select_accepted(answers, accepted)
+    by_vote, by_q = majority_vote(answers), select_q(answers, q_halt)
+    chosen = oracle if settings.select == "verifier" else (by_vote if settings.select == "vote" else by_q)
+    valid = accepts(chosen.unsqueeze(0))[0]
+    how: Select = "q" if settings.select == "q" else "vote"
+    sums = {
+        "rows": rows, "exact": exact(chosen, labels).sum(), "vote_exact": exact(by_vote, labels).sum(),
+        "q_exact": exact(by_q, labels).sum(), "oracle_exact": exact(oracle, labels).sum(),
+        "valid": valid.sum(), "passes": roll.halts_at.sum() * model.stack_passes,
+    }
+    for k in range(roll.answers.shape[0]):
+        sums[f"depth@{k + 1}"] = exact(choose(roll.answers[k], roll.q_halt[k], how), labels).sum()
+    for w in widths(width):
+        sums[f"width@{w}"] = exact(choose(answers[:w], q_halt[:w], how), labels).sum()
+    sums["seconds"] = time.perf_counter() - start
+    return {k: torch.as_tensor(v, dtype=torch.float64) for k, v in sums.items()}
+
+
+def accumulate(batches: Iterable[dict[str, Tensor]], model: nn.Module, settings: TestTime,
+               verifier: Optional[Verifier] = None) -> dict[str, Tensor]:
+    """``evaluate_testtime``'s sums over batches."""
+    totals: dict[str, Tensor] = {}
+    for batch in batches:
+        for key, value in evaluate_testtime(model, batch, settings, verifier).items():
+            totals[key] = totals.get(key, 0) + value
+    return totals
+
+
+def summarize(sums: dict[str, Tensor], settings: TestTime) -> dict[str, object]:
+    """The report of summed counts: accuracies, passes and seconds per puzzle, the curves."""
+    rows = max(float(sums["rows"]), 1.0)
+    out: dict[str, object] = {
+        "width": settings.width, "noise": settings.noise, "select": settings.select,
+        "segments": sum(1 for k in sums if k.startswith("depth@")), "halt_early": settings.halt_early,
+        "seed": settings.seed, "rows": int(sums["rows"]),
+        "exact_accuracy": float(sums["exact"]) / rows,
+        "vote_exact_accuracy": float(sums["vote_exact"]) / rows,
+        "q_exact_accuracy": float(sums["q_exact"]) / rows,
+        "oracle_exact_accuracy": float(sums["oracle_exact"]) / rows,  # uses the verifier: apart
+        "valid_accuracy": float(sums["valid"]) / rows,
+        "passes_per_puzzle": float(sums["passes"]) / rows,
+        "seconds_per_puzzle": float(sums["seconds"]) / rows,
+    }
+    out["depth_curve"] = {int(k.split("@")[1]): float(v) / rows for k, v in sums.items() if k.startswith("depth@")}
+    out["width_curve"] = {int(k.split("@")[1]): float(v) / rows for k, v in sums.items() if k.startswith("width@")}
+    return out
+
+
+def _curve(report: dict[str, object], name: str) -> dict[int, float]:
+    """A curve of the report, keyed by int (a report read back from JSON has str keys)."""
+    return {int(k): float(v) for k, v in report[name].items()}
+
+
+def curve_metrics(report: dict[str, object], prefix: str = "eval/testtime/") -> list[tuple[dict[str, float], int]]:
+    """The curves as MLflow metric histories, (metrics, step) pairs: ``depth_exact`` at step k
+    (segments), ``width_exact`` at step w (trajectories), and ``depth_passes`` (passes per
+    puzzle at depth k: k x passes per segment x width)."""
+    depth, width = _curve(report, "depth_curve"), _curve(report, "width_curve")
+    per_segment = float(report["passes_per_puzzle"]) / max(int(report["segments"]), 1)
+    points = [({f"{prefix}depth_exact": acc, f"{prefix}depth_passes": per_segment * k}, k) for k, acc in depth.items()]
+    return points + [({f"{prefix}width_exact": acc}, w) for w, acc in width.items()]
+
+
+def plot_curves(report: dict[str, object], path: str, title: str = "") -> str:
+    """Exact accuracy against block-stack passes per puzzle, over depth and over width, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    segments, width = int(report["segments"]), int(report["width"])
+    per_pass = float(report["passes_per_puzzle"]) / max(segments * width, 1)  # passes of one segment
+    figure, axis = plt.subplots(figsize=(6, 4))
+    depth = _curve(report, "depth_curve")
+    axis.plot([per_pass * width * k for k in depth], list(depth.values()), "o-",
+              label=f"depth: segments 1..{segments} at width {width}")
+    wide = _curve(report, "width_curve")
+    axis.plot([per_pass * segments * w for w in wide], list(wide.values()), "s--",
+              label=f"width: 1..{width} trajectories at {segments} segments")
+    axis.set_xscale("log")
+    axis.set_xlabel("block-stack passes per puzzle")
+    axis.set_ylabel(f"exact accuracy ({report['select']})")
+    axis.set_ylim(-0.02, 1.02)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    axis.set_title(title or f"noise {report['noise']}", fontsize=9)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return path
+
+
+def scalar_metrics(report: dict[str, object], prefix: str = "eval/testtime/") -> dict[str, float]:
+    """The report's numbers (accuracies, passes, seconds) as MLflow metrics."""
+    keys = ("exact_accuracy", "vote_exact_accuracy", "q_exact_accuracy", "oracle_exact_accuracy",
+            "valid_accuracy", "passes_per_puzzle", "seconds_per_puzzle")
+    return {f"{prefix}{key}": float(report[key]) for key in keys}

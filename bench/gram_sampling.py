@@ -33,7 +33,7 @@ from urm_ray.data import builtin, stream
 from urm_ray.data.config import DataConfig
 from urm_ray.models.registry import TaskSpec, build_model
 from urm_ray.train.compiled import compile_model
-from urm_ray.train.evaluate import IGNORE, sample_answers
+from urm_ray.eval.heldout import IGNORE, sample_answers
 
 
 def one_puzzle(seq_len: int) -> dict[str, torch.Tensor]:

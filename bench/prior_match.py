@@ -39,7 +39,7 @@ from urm_ray.data.tasks.verify import nearest_for, verifier_for
 from urm_ray.models.registry import TaskSpec
 from urm_ray.optim import EMA
 from urm_ray.train.step import Targets, build_state, train_step
-from urm_ray.train.evaluate import generate_unconditional
+from urm_ray.eval.heldout import generate_unconditional
 
 # task -> (preset, verifier's task, every solution as token boards [S, L], vocabulary size)
 TASKS: dict[str, tuple[str, str, Any, int]] = {

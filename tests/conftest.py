@@ -59,3 +59,23 @@ def postgres_server():
     server = start_server()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def load_shipped(tmp_path: Path):
+    """``load_space`` for a shipped space by name or path; an evaluation sweep's space (it names
+    a ``checkpoint``) gets a folder holding a trained run's config.yaml, all its validation reads."""
+    import yaml
+
+    from urm_ray.config import dump_yaml, load_config
+    from urm_ray.tune.space import find_space, load_space
+
+    folder = tmp_path / "checkpoint_0"
+    folder.mkdir()
+    (folder / "config.yaml").write_text(dump_yaml(load_config("sudoku4-trm")))
+
+    def load(source: str):
+        evaluates = "checkpoint" in yaml.safe_load(find_space(source).read_text())
+        return load_space(source, [f"checkpoint={folder}"] if evaluates else [])
+
+    return load

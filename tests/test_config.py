@@ -200,8 +200,8 @@ def test_presets_warn_about_nothing(name):
 
 
 @pytest.mark.parametrize("name", sorted(shipped_spaces()))
-def test_search_spaces_warn_about_nothing(name):
-    space = _quiet(lambda: load_space(name))
+def test_search_spaces_warn_about_nothing(name, load_shipped):
+    space = _quiet(lambda: load_shipped(name))
     for point in space.spec.start_from:  # the trials a sweep starts with
         _quiet(lambda: space.trial_config(point))
 

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from urm_ray.config import load_config
 from urm_ray.data.tasks import sudoku
 from urm_ray.eval.offline import evaluate_checkpoint, evaluate_testtime_checkpoint, log_testtime
-from urm_ray.eval.testtime import TestTime
+from urm_ray.eval.config import EvalConfig
 from urm_ray.train.driver import fit
 
 pytestmark = pytest.mark.slow
@@ -28,8 +28,8 @@ def trained(tmp_path_factory, ray_local) -> tuple[Path, str, dict]:
         f"data.path={data}", f"train.storage_path={root / 'runs'}", f"tracking.tracking_uri={uri}",
         "tracking.experiment=curves", "train.steps=40", "train.eval_every=20", "train.checkpoint_every=0",
         "train.log_every=20", "train.global_batch_size=32", "model.hidden_size=32", "model.num_heads=2",
-        "model.max_segments=3", "train.eval_curves=4", "train.eval_curves_noise=0.3",
-        "train.eval_curves_select=q", "train.run_name=curves", "train.in_process=true",
+        "model.max_segments=3", "train.eval_curves=true", "eval.width=4", "eval.noise=0.3",
+        "eval.select=q", "train.run_name=curves", "train.in_process=true",
     ])
     result = fit(cfg)
     return root, uri, {"mlflow_run_id": result.mlflow_run_id, "checkpoint": result.checkpoint_path}
@@ -54,7 +54,7 @@ def test_a_run_logs_its_curves_at_each_evaluation(trained):
 def test_eval_with_test_time_settings_reports_and_logs(trained):
     root, uri, metrics = trained
     checkpoint = metrics["checkpoint"]
-    settings = TestTime(width=4, noise=0.3, select="q", segments=5)
+    settings = EvalConfig(width=4, noise=0.3, select="q", segments=5)
     report = json.loads(json.dumps(evaluate_testtime_checkpoint(checkpoint, settings)))  # as --out writes it
     report["mlflow_run_id"] = log_testtime(checkpoint, report)
     assert (report["width"], report["segments"], report["select"], report["rows"]) == (4, 5, "q", 40)
@@ -69,7 +69,7 @@ def test_eval_with_test_time_settings_reports_and_logs(trained):
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"testtime.png", "eval-test.json"}
 
     # width 1 without noise, at the trained depth: the plain evaluation
-    same = evaluate_testtime_checkpoint(checkpoint, TestTime(segments=3))
+    same = evaluate_testtime_checkpoint(checkpoint, EvalConfig(segments=3))
     plain = evaluate_checkpoint(checkpoint)
     assert same["exact_accuracy"] == plain["eval/exact_accuracy"]
     assert same["valid_accuracy"] == plain["eval/valid_accuracy"]

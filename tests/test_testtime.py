@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from urm_ray.errors import ConfigError
+from urm_ray.eval.config import EvalConfig
 from urm_ray.eval.heldout import evaluate_batch
 from urm_ray.eval.testtime import (
-    TestTime,
     applied,
     evaluate_testtime,
     rollout,
@@ -45,7 +45,7 @@ def test_width_one_without_noise_is_the_plain_evaluation(family: str):
     answers = own_answers(model, data)
     data["labels"] = torch.where(torch.arange(16) % 3 == 0, answers, data["labels"])  # some rows right
     data["labels"][::2] = answers[::2]
-    settings = TestTime()
+    settings = EvalConfig()
     with applied(model, settings):
         torch.manual_seed(0)
         roll = rollout(model, data, 1, False)
@@ -69,7 +69,7 @@ def test_noise_changes_the_answers_and_the_seed_fixes_them(family: str):
     data = batch(1)
 
     def answers(noise: float, seed: int) -> torch.Tensor:
-        settings = TestTime(width=4, noise=noise, seed=seed)
+        settings = EvalConfig(width=4, noise=noise, seed=seed)
         with applied(model, settings):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
@@ -99,14 +99,14 @@ def test_q_selection_takes_the_highest_halting_score():
 def test_the_verifiers_pick_is_reported_apart():
     model = model_of("urm")
     data = batch(2)
-    settings = TestTime(width=4, noise=3.0, seed=5)
+    settings = EvalConfig(width=4, noise=3.0, seed=5)
     with applied(model, settings):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(settings.seed)
             third = rollout(model, data, 4, False).answers[-1, 2]
         data["labels"] = third  # only trajectory 2 answers right, in every row
         vote = summarize(evaluate_testtime(model, data, settings), settings)
-        oracle_settings = TestTime(width=4, noise=3.0, seed=5, select="verifier")
+        oracle_settings = EvalConfig(width=4, noise=3.0, seed=5, select="verifier")
         oracle = summarize(evaluate_testtime(model, data, oracle_settings), oracle_settings)
     assert vote["oracle_exact_accuracy"] == 1.0
     assert vote["exact_accuracy"] == vote["vote_exact_accuracy"] < 1.0
@@ -117,7 +117,7 @@ def test_the_verifiers_pick_is_reported_apart():
 def test_deeper_and_wider_than_trained_count_their_passes():
     model = model_of("urm")
     trained = model.max_segments
-    settings = TestTime(width=3, segments=trained + 2, loops=5)
+    settings = EvalConfig(width=3, segments=trained + 2, loops=5)
     with applied(model, settings):
         report = summarize(evaluate_testtime(model, batch(3), settings), settings)
         assert model.config.loops == 5
@@ -131,26 +131,26 @@ def test_halt_early_counts_only_the_segments_run():
     model = model_of("urm")
     with torch.no_grad():
         model.q_head.bias.fill_(5.0)  # every trajectory says halt at once
-    settings = TestTime(width=2, halt_early=True)
+    settings = EvalConfig(width=2, halt_early=True)
     with applied(model, settings):
         report = summarize(evaluate_testtime(model, batch(4), settings), settings)
     assert report["passes_per_puzzle"] == 2 * 1 * model.stack_passes
 
 
 def test_settings_a_model_cannot_take_fail_before_any_work():
-    with pytest.raises(ConfigError, match="--noise 0.5: gram draws its own noise"):
-        with applied(model_of("gram"), TestTime(noise=0.5)):
+    with pytest.raises(ConfigError, match="eval.noise=0.5: gram draws its trajectories from its prior"):
+        with applied(model_of("gram"), EvalConfig(noise=0.5)):
             pass
-    with pytest.raises(ConfigError, match="--loops 4: trm has no loops"):
-        with applied(model_of("trm"), TestTime(loops=4)):
+    with pytest.raises(ConfigError, match="eval.loops=4: trm has no loops"):
+        with applied(model_of("trm"), EvalConfig(loops=4)):
             pass
-    with pytest.raises(ConfigError, match="must exceed model.truncation=1"):
-        with applied(model_of("urm"), TestTime(loops=1)):
+    with pytest.raises(ConfigError, match="eval.loops=1 must exceed model.truncation=1"):
+        with applied(model_of("urm"), EvalConfig(loops=1)):
             pass
-    with pytest.raises(ConfigError, match="--width 0"):
-        TestTime(width=0)
-    with pytest.raises(ConfigError, match="--select 'best'"):
-        TestTime(select="best")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="eval.width=0 must be >= 1"):
+        EvalConfig(width=0)
+    with pytest.raises(ConfigError, match="eval.select='best' must be one of vote, q, verifier"):
+        EvalConfig(select="best")  # type: ignore[arg-type]
 
 
 def test_gram_trajectories_differ_through_its_prior():

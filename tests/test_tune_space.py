@@ -41,8 +41,8 @@ def test_shipped_spaces_include_the_documented_list():
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
-def test_every_shipped_space_validates(path: Path):
-    space = load_space(str(path))
+def test_every_shipped_space_validates(path: Path, load_shipped):
+    space = load_shipped(str(path))
     assert space.params and space.spec.trials >= 1
     if path.stem.startswith("urm-arc"):  # ARC sweeps rank by pass@2 over voted views
         assert space.metric == "arc/pass_at_2" and space.base_config.train.eval_arc_views > 0
@@ -51,13 +51,13 @@ def test_every_shipped_space_validates(path: Path):
         space.trial_config(point)
 
 
-def test_shipped_spaces_load_by_name_from_the_package(tmp_path: Path, monkeypatch):
+def test_shipped_spaces_load_by_name_from_the_package(tmp_path: Path, monkeypatch, load_shipped):
     """Found through the installed package, not a source checkout's folder (cwd elsewhere)."""
     monkeypatch.chdir(tmp_path)
     package = Path(str(resources.files("urm_ray"))) / "search_spaces"
     assert SHIPPED and all(p.parent == package for p in SHIPPED)
     for name in shipped_spaces():
-        assert load_space(name).name == name
+        assert load_shipped(name).name == name
 
 
 def test_every_shipped_yaml_is_package_data():

@@ -30,7 +30,7 @@ from urm_ray.data.tasks import registry
 from urm_ray.errors import ConfigError, DataError, Interrupted, TrainingFailed
 
 if TYPE_CHECKING:
-    from urm_ray.eval.testtime import TestTime
+    from urm_ray.eval.config import EvalConfig
 
 # `urm-ray <command> --help` ends with these examples
 EXAMPLES = {
@@ -130,10 +130,10 @@ def _eval(args: argparse.Namespace) -> None:
     print(json.dumps({k: v for k, v in report.items() if k != "tasks"}, indent=2))
 
 
-def _test_time(args: argparse.Namespace) -> TestTime | None:
+def _test_time(args: argparse.Namespace) -> EvalConfig | None:
     """The test-time settings the eval flags ask for; None when they ask for none (the plain
     evaluation; ARC's voting when the task is ARC)."""
-    from urm_ray.eval.testtime import TestTime
+    from urm_ray.eval.config import EvalConfig
 
     from urm_ray.eval import offline
 
@@ -141,11 +141,11 @@ def _test_time(args: argparse.Namespace) -> TestTime | None:
     halt_early = args.halt_early and not offline.task_of(args.checkpoint).versioned  # ARC's is its own
     if asked == (1, 0.0, "vote", 0, 0, 0) and not halt_early:
         return None
-    return TestTime(width=args.width, noise=args.noise, select=args.select, segments=args.segments,
+    return EvalConfig(width=args.width, noise=args.noise, select=args.select, segments=args.segments,
                     loops=args.loops, halt_early=args.halt_early, seed=args.seed)
 
 
-def _eval_test_time(args: argparse.Namespace, settings: TestTime, live: bool) -> None:
+def _eval_test_time(args: argparse.Namespace, settings: EvalConfig, live: bool) -> None:
     from urm_ray.cluster import init_ray
     from urm_ray.eval import offline
 

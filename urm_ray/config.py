@@ -20,6 +20,7 @@ import yaml
 
 from urm_ray.data.config import DataConfig
 from urm_ray.errors import ConfigError
+from urm_ray.eval.config import EvalConfig
 from urm_ray.models.registry import config_class
 from urm_ray.optim import OptimConfig
 from urm_ray.typed import convert, did_you_mean, from_dict, to_dict
@@ -57,14 +58,10 @@ class TrainConfig:
     # ARC data: also arc/pass_at_k (k = 1, 2, 10, ... up to this) by voting over this many
     # augmented views of each held-out test input, as `urm-ray eval` does. 0 = off
     eval_arc_views: int = 0
-    # test-time curves at each evaluation: held-out exact accuracy against depth (segments 1..K)
-    # and width (1, 2, 4, ... this many trajectories per puzzle), logged as eval/curves/* with a
-    # plot against block-stack passes per puzzle (artifact curves/). 0 = off
-    eval_curves: int = 0
-    # the curves' trajectories: noise on the recurrent state (model.state_noise; GRAM: its prior)
-    eval_curves_noise: float = 0.0
-    # the curves' choice among a puzzle's trajectories: majority vote or the highest Q-halt score
-    eval_curves_select: Literal["vote", "q"] = "vote"
+    # at each evaluation, also the test-time one under the eval section (width, noise, depth):
+    # held-out exact accuracy against depth (segments 1..K) and width (1, 2, 4, ... eval.width),
+    # logged as eval/curves/*, with a plot against block-stack passes per puzzle (artifact curves/)
+    eval_curves: bool = False
     checkpoint_every: int = 500  # steps between checkpoints (0 = end only)
     keep_checkpoints: int = 2  # newest checkpoints kept; older ones are deleted
     max_failures: int = 0  # worker-group restarts from the latest checkpoint after a crash
@@ -91,8 +88,7 @@ class TrainConfig:
         for key in ("steps", "global_batch_size", "num_workers", "log_every", "eval_batch_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must be >= 1")
-        for key in ("eval_every", "eval_max_rows", "eval_samples", "eval_arc_views", "eval_curves",
-                    "eval_curves_noise", "checkpoint_every"):
+        for key in ("eval_every", "eval_max_rows", "eval_samples", "eval_arc_views", "checkpoint_every"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must be >= 0")
         if self.global_batch_size % self.num_workers:
@@ -153,11 +149,10 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
-        if self.train.eval_curves_noise and hasattr(self.model, "noise_scale"):
-            raise ConfigError(f"train.eval_curves_noise={self.train.eval_curves_noise}: {self.model.name} draws "
-                              "its curves' trajectories from its prior; leave it at 0")
+        self.eval.check_model(self.model)
         slots = self.data.num_augmentations if self.data.augment else 1
         if self.train.eval_arc_views > slots:
             raise ConfigError(
@@ -172,7 +167,8 @@ class RunConfig:
                                   "(no puzzle embedding to train)", stacklevel=3)
 
 
-SECTIONS = {"data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "tracking": TrackingConfig}
+SECTIONS = {"data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "tracking": TrackingConfig,
+            "eval": EvalConfig}
 
 
 def preset_names() -> list[str]:

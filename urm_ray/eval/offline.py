@@ -23,6 +23,7 @@ from urm_ray.data.tasks.task import PuzzleTask
 from urm_ray.data.tasks.verify import optional_verifier
 from urm_ray.errors import ConfigError
 from urm_ray.eval import testtime
+from urm_ray.eval.config import EvalConfig
 from urm_ray.eval.heldout import held_out_metrics
 from urm_ray.models.registry import build_model
 from urm_ray.models.task import TaskSpec
@@ -107,7 +108,7 @@ def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0, 
     return {"split": data_cfg.eval_split, **drawn, **metrics}
 
 
-def evaluate_testtime_checkpoint(folder: str | Path, settings: testtime.TestTime, split: str = "",
+def evaluate_testtime_checkpoint(folder: str | Path, settings: EvalConfig, split: str = "",
                                  max_rows: int = 0, live: bool = False) -> dict[str, Any]:
     """A checkpoint under test-time ``settings`` (``eval.testtime``) on a split of its dataset:
     accuracies by each selection, passes and seconds per puzzle, the depth and width curves."""

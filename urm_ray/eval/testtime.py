@@ -1,6 +1,6 @@
 """Test-time compute of a trained model: width, depth and noise at evaluation, without retraining.
 
-    settings = TestTime(width=16, noise=0.1, select="q", segments=24)
+    settings = EvalConfig(width=16, noise=0.1, select="q", segments=24)   # the eval section
     with applied(model, settings):                       # depth, loops and noise set on the model
         sums = evaluate_testtime(model, batch, settings, verifier)
 
@@ -33,43 +33,14 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from urm_ray.errors import ConfigError
+from urm_ray.eval.config import EvalConfig, Select
 from urm_ray.eval.heldout import IGNORE, Verifier
 from urm_ray.eval.voting import majority_vote
-
-Select = Literal["vote", "q", "verifier"]
-SELECTS: tuple[Select, ...] = ("vote", "q", "verifier")
-
-
-@dataclass(frozen=True)
-class TestTime:
-    """What a trained model spends at evaluation. 0 for ``segments`` / ``loops``: as trained."""
-
-    width: int = 1  # trajectories per puzzle, run as one batch
-    noise: float = 0.0  # std of the Gaussian noise on the recurrent state (model.state_noise)
-    select: Select = "vote"  # how a puzzle's answer is chosen among its trajectories
-    segments: int = 0  # ACT segments (depth); 0 = model.max_segments
-    loops: int = 0  # block-stack passes per segment (URM-like families); 0 = model.loops
-    halt_early: bool = False  # each trajectory answers where its Q-head first says halt
-    seed: int = 0  # seeds the noise: the same seed gives the same answers
-
-    def __post_init__(self) -> None:
-        if self.width < 1:
-            raise ConfigError(f"--width {self.width}: expected an integer >= 1")
-        if self.noise < 0:
-            raise ConfigError(f"--noise {self.noise}: expected a value >= 0")
-        if self.select not in SELECTS:
-            raise ConfigError(f"--select {self.select!r}: expected one of {', '.join(SELECTS)}")
-        if self.segments < 0 or self.loops < 0:
-            raise ConfigError(f"--segments {self.segments} / --loops {self.loops}: expected >= 1 (0 = as trained)")
-
-    __test__ = False  # not a pytest class
-
 
 def widths(width: int) -> list[int]:
     """The width curve's points: 1, 2, 4, ... below ``width``, then ``width``."""
@@ -80,21 +51,11 @@ def widths(width: int) -> list[int]:
 
 
 @contextmanager
-def applied(model: nn.Module, settings: TestTime) -> Iterator[nn.Module]:
+def applied(model: nn.Module, settings: EvalConfig) -> Iterator[nn.Module]:
     """``model`` with the settings' depth, loops and noise; what it had comes back on exit.
-
-    ConfigError where the model cannot take them: noise on GRAM (it samples from its prior),
-    ``loops`` on a family without loops, fewer loops than its truncation."""
+    ConfigError where the model cannot take them (``EvalConfig.check_model``)."""
     config = model.config
-    if settings.noise and hasattr(model, "guide"):
-        raise ConfigError(f"--noise {settings.noise}: {config.name} draws its own noise from its prior "
-                          "(--temperature)")
-    if settings.loops:
-        if not hasattr(config, "loops"):
-            raise ConfigError(f"--loops {settings.loops}: {config.name} has no loops (URM-like families do); "
-                              "--segments sets its depth")
-        if settings.loops <= getattr(config, "truncation", 0):
-            raise ConfigError(f"--loops {settings.loops}: must exceed model.truncation={config.truncation}")
+    settings.check_model(config)
     saved = (model.max_segments, config.state_noise, getattr(config, "loops", None))
     model.max_segments = settings.segments or model.max_segments
     config.state_noise = settings.noise
@@ -177,7 +138,7 @@ def exact(answers: Tensor, labels: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def evaluate_testtime(model: nn.Module, batch: dict[str, Tensor], settings: TestTime,
+def evaluate_testtime(model: nn.Module, batch: dict[str, Tensor], settings: EvalConfig,
                       verifier: Optional[Verifier] = None) -> dict[str, Tensor]:
     """Per-metric sums (float64 scalars) of one batch under ``settings`` (already ``applied``):
     ``exact`` by the settings' selection (vote or q; verifier selection puts the oracle's here
@@ -218,7 +179,7 @@ def evaluate_testtime(model: nn.Module, batch: dict[str, Tensor], settings: Test
     return {k: torch.as_tensor(v, dtype=torch.float64) for k, v in sums.items()}
 
 
-def accumulate(batches: Iterable[dict[str, Tensor]], model: nn.Module, settings: TestTime,
+def accumulate(batches: Iterable[dict[str, Tensor]], model: nn.Module, settings: EvalConfig,
                verifier: Optional[Verifier] = None) -> dict[str, Tensor]:
     """``evaluate_testtime``'s sums over batches."""
     totals: dict[str, Tensor] = {}
@@ -228,7 +189,7 @@ def accumulate(batches: Iterable[dict[str, Tensor]], model: nn.Module, settings:
     return totals
 
 
-def summarize(sums: dict[str, Tensor], settings: TestTime) -> dict[str, object]:
+def summarize(sums: dict[str, Tensor], settings: EvalConfig) -> dict[str, object]:
     """The report of summed counts: accuracies, passes and seconds per puzzle, the curves."""
     rows = max(float(sums["rows"]), 1.0)
     out: dict[str, object] = {

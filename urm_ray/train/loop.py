@@ -231,15 +231,14 @@ class Loop:
             if self.arc_views:
                 metrics.update(self.arc_metrics(model))
             if train.eval_curves:
-                metrics.update(self.curves(model, batches(max(1, train.eval_batch_size // train.eval_curves))))
+                metrics.update(self.curves(model, batches(max(1, train.eval_batch_size // self.cfg.eval.width))))
         return metrics
 
     def curves(self, model: nn.Module, batches: Iterator[dict[str, torch.Tensor]]) -> dict[str, float]:
-        """Held-out exact accuracy against depth and width (``eval.testtime``), as metrics, and
-        their plot against passes per puzzle as an artifact (curves/step-<step>.png)."""
-        train, step = self.cfg.train, self.state.position.step
-        settings = testtime.TestTime(width=train.eval_curves, noise=train.eval_curves_noise,
-                                     select=train.eval_curves_select, seed=train.seed)
+        """Held-out exact accuracy against depth and width under the eval section
+        (``eval.testtime``), as metrics, and their plot against passes per puzzle as an artifact
+        (curves/step-<step>.png)."""
+        settings, step = self.cfg.eval, self.state.position.step
         with testtime.applied(model, settings):
             sums = self._all_reduce(testtime.accumulate(batches, model, settings, self.eval_verifier))
         report = testtime.summarize(sums, settings)

@@ -78,6 +78,10 @@ def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
     ``verbose``: show Ray's output. ``live``: progress bars on stderr (a terminal), else lines.
     """
     info, space = load_sweep(name, root)
+    if space.evaluates:
+        raise ConfigError(f"sweep {name} is an evaluation sweep: its best settings need no training; "
+                          f"`urm-ray best {name}` prints them, `urm-ray eval {space.spec.checkpoint} --width ...` "
+                          "applies them")
     candidates = top_trials(info, space, top or space.spec.final.top)
     seeds = seeds or space.spec.final.seeds
     if not ray.is_initialized():

@@ -127,4 +127,11 @@ def write_plots(study: optuna.Study, space: SearchSpace, folder: Path) -> list[P
         figure.savefig(folder / f"{name}.png", dpi=110, bbox_inches="tight")
         plt.close(figure)
         written.append(folder / f"{name}.png")
+    if len(space.spec.objectives) > 1 and any(t.state == TrialState.COMPLETE for t in study.trials):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            axes = views.plot_pareto_front(study, target_names=[o.metric for o in space.spec.objectives])
+        axes.figure.savefig(folder / "pareto_front.png", dpi=110, bbox_inches="tight")
+        plt.close(axes.figure)
+        written.append(folder / "pareto_front.png")
     return written

@@ -49,6 +49,7 @@ NOT_SEARCHABLE = ("train.steps", "train.run_name", "train.storage_path", "train.
 MAX_COMBINATIONS = 4096  # combinations of grid values that validation tries, at most
 # metrics a run reports: held-out evaluation (eval/*, and ARC pass@k by voting, arc/*) and training
 EVALUATED = ("eval/", "arc/")
+TESTTIME = "eval/testtime/"  # what an evaluation sweep's trials report (``eval.testtime``)
 REPORTED = (*EVALUATED, "train/")
 
 
@@ -106,10 +107,13 @@ class Final:
 class SpaceSpec:
     """The YAML schema of a search space."""
 
-    base: str  # preset name or YAML path (relative to the space file)
     # the searched parameters, by dotted config key, sampled in this order (a bound may read the
     # parameters before it)
     params: dict
+    base: str = ""  # preset name or YAML path (relative to the space file)
+    # an evaluation sweep instead: the checkpoint folder whose test-time settings (eval.*) the
+    # trials search; each trial evaluates it and trains nothing (its config is the base)
+    checkpoint: str = ""
     description: str = ""  # what the space searches, in one line
     overrides: dict = field(default_factory=dict)  # fixed dotted-key changes to the base
     # the metrics optimised; the first drives early stopping (several make a Pareto front)
@@ -159,8 +163,14 @@ class SearchSpace:
         return 2 if self.spec.resources.gpus_per_worker > 0 else 0
 
     @property
+    def evaluates(self) -> bool:
+        """An evaluation sweep: trials evaluate ``spec.checkpoint``, they do not train."""
+        return bool(self.spec.checkpoint)
+
+    @property
     def steps(self) -> int:
-        return self.base_config.train.steps
+        """Results a trial reports to the end: training steps, or the one of an evaluation."""
+        return 1 if self.evaluates else self.base_config.train.steps
 
     def env(self, values: dict[str, Value]) -> dict[str, float]:
         """What bounds and derived metrics may read: fixed config values, then sampled ones."""
@@ -212,8 +222,15 @@ def space_from_dict(data: dict[str, Any], path: Path, overrides: list[str]) -> S
     config_over = [o for o in overrides if o.partition("=")[0].split(".")[0] in CONFIG_SECTIONS]
     space_over = [o for o in overrides if o not in config_over]
     spec = from_dict(SpaceSpec, with_values(data, parse_overrides(space_over, "trials=8")), path.stem)
-    base_path = path.parent / spec.base
-    base_dict = read_yaml(str(base_path) if base_path.is_file() else spec.base)
+    if bool(spec.base) == bool(spec.checkpoint):
+        raise ConfigError(f"search space {path.name}: give base (a training sweep) or checkpoint (an evaluation "
+                          "sweep), not both or neither")
+    if spec.checkpoint:
+        spec.checkpoint = str(Path(spec.checkpoint).resolve())
+        base_dict = _checkpoint_config(Path(spec.checkpoint))
+    else:
+        base_path = path.parent / spec.base
+        base_dict = read_yaml(str(base_path) if base_path.is_file() else spec.base)
     base_dict = with_values(base_dict, spec.overrides)
     base_dict = apply_overrides(base_dict, config_over)
     try:
@@ -228,6 +245,15 @@ def space_from_dict(data: dict[str, Any], path: Path, overrides: list[str]) -> S
     except ConfigError as err:
         raise ConfigError(f"search space {path.name}: {err}") from err
     return space
+
+
+def _checkpoint_config(folder: Path) -> dict[str, Any]:
+    """The run config a checkpoint folder holds (its config.yaml), for an evaluation sweep."""
+    path = folder / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {folder}: not a urm_ray checkpoint folder (config.yaml is missing); "
+                          "expected a checkpoint_<time> folder under train.storage_path/<run_name>")
+    return yaml.safe_load(path.read_text())
 
 
 def validate(space: SearchSpace) -> None:
@@ -250,6 +276,8 @@ def validate(space: SearchSpace) -> None:
             if name not in seen and name not in space.fixed:
                 raise ConfigError(f"parameter {param.key}: bound reads unknown {name!r}")
         seen.add(param.key)
+    if space.evaluates:
+        _check_evaluation(space)
     if not space.base_config.tracking.enabled:
         raise ConfigError("tracking.enabled=false: a sweep records every trial (and its fate, for "
                           "resume) in MLflow")
@@ -289,6 +317,21 @@ def _check_objectives(space: SearchSpace) -> None:
         unknown = sorted(n for n in expr.names if n not in params and not n.startswith(REPORTED))
         if unknown:
             raise ConfigError(f"derived {name}: unknown name {unknown[0]!r}")
+
+
+def _check_evaluation(space: SearchSpace) -> None:
+    """An evaluation sweep searches the eval section, optimises test-time metrics, prunes nothing."""
+    for param in space.params:
+        if not param.key.startswith("eval."):
+            raise ConfigError(f"parameter {param.key}: an evaluation sweep (checkpoint: ...) searches the "
+                              "test-time settings eval.* only; its model is trained")
+    for objective in space.spec.objectives:
+        if not objective.metric.startswith(TESTTIME) and objective.metric not in space.derived:
+            raise ConfigError(f"objective {objective.metric}: an evaluation sweep reports {TESTTIME}* "
+                              "(exact_accuracy, passes_per_puzzle, seconds_per_puzzle, ...)")
+    if space.spec.scheduler.name != "none":
+        raise ConfigError(f"scheduler.name={space.spec.scheduler.name}: an evaluation trial reports once, "
+                          "there is nothing to stop early; use scheduler.name=none")
 
 
 def _check_scheduler(space: SearchSpace) -> None:

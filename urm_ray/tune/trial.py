@@ -59,6 +59,9 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     tags = {tracking.PARENT_TAG: ctx.parent_run_id, SWEEP_TAG: ctx.sweep, TRIAL_TAG: str(number),
             KIND_TAG: "trial"}
     params = {f"sampled.{key}": value for key, value in values.items()}
+    if ctx.space.evaluates:
+        _evaluate(ctx, cfg, name, tags, params, values)
+        return
     if cfg.train.num_workers == 1:
         fit_in_trial(cfg, tags, params, partial(DerivedReport.for_tune, ctx.space, values))
         return
@@ -66,6 +69,34 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     if result.metrics.get("step") == cfg.train.steps:
         # A run resumed after its last step reports nothing itself: hand Tune its final result.
         ray.tune.report(DerivedReport.with_derived(ctx.space, values, result.metrics))
+
+
+def _evaluate(ctx: TrialContext, cfg: Any, name: str, tags: dict[str, str], params: dict[str, Any],
+              values: dict[str, Any]) -> None:
+    """An evaluation sweep's trial: the sweep's checkpoint under the sampled ``eval.*`` settings
+    (on ``train.eval_max_rows`` rows), logged into the trial's nested run (numbers, curves, their
+    plot), then one result to Tune. Nothing is trained or checkpointed."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from urm_ray.eval import offline, testtime
+    from urm_ray.train.loop import torch_threads
+
+    torch.set_num_threads(torch_threads(cfg.train))
+    report = offline.evaluate_testtime_checkpoint(ctx.space.spec.checkpoint, cfg.eval,
+                                                  max_rows=cfg.train.eval_max_rows)
+    uri = ctx.tracking_uri
+    run_id = tracking.find_run_id(uri, ctx.experiment, name) or tracking.open_run(
+        uri, ctx.experiment, name, params, tags)
+    metrics = testtime.scalar_metrics(report)
+    tracking.log_metrics(uri, run_id, metrics, 1)
+    for points, at in testtime.curve_metrics(report):
+        tracking.log_metrics(uri, run_id, points, at)
+    with tempfile.TemporaryDirectory() as folder:
+        tracking.log_artifact(uri, run_id, testtime.plot_curves(report, str(Path(folder) / "testtime.png"), name))
+    ray.tune.report(DerivedReport.with_derived(ctx.space, values, {**metrics, "step": 1}))
 
 
 def _replay_finished(ctx: TrialContext, name: str, values: dict[str, Any]) -> bool:

@@ -1,0 +1,54 @@
+"""The ``eval`` section of a run config: what a trained model spends at test time.
+
+`urm-ray eval` takes it as flags (``--width`` is ``eval.width``), an evaluation sweep searches it,
+and ``train.eval_curves`` evaluates under it at each evaluation (``eval.testtime``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from urm_ray.errors import ConfigError
+
+Select = Literal["vote", "q", "verifier"]
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Test-time compute: width, depth and noise, and how a puzzle's answer is chosen."""
+
+    width: int = 1  # trajectories per puzzle, run as one batch
+    # std of the Gaussian noise on the recurrent state after each loop or cycle (model.state_noise)
+    # that makes the trajectories differ; GRAM's differ through its prior and take none
+    noise: float = 0.0
+    # a puzzle's answer among its trajectories: majority vote, the highest Q-halt score, or the
+    # first the task's verifier accepts (an oracle the other two lack: reported apart, as oracle_*)
+    select: Select = "vote"
+    segments: int = 0  # ACT segments (depth), more than trained if asked; 0 = model.max_segments
+    loops: int = 0  # block-stack passes per segment (URM-like families); 0 = model.loops
+    halt_early: bool = False  # each trajectory answers where its Q-head first says halt
+    seed: int = 0  # seeds the noise: the same seed gives the same answers
+
+    def __post_init__(self) -> None:
+        if self.width < 1:
+            raise ConfigError(f"eval.width={self.width} must be >= 1")
+        if self.noise < 0:
+            raise ConfigError(f"eval.noise={self.noise} must be >= 0")
+        if self.select not in ("vote", "q", "verifier"):
+            raise ConfigError(f"eval.select={self.select!r} must be one of vote, q, verifier")
+        for key in ("segments", "loops"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"eval.{key}={getattr(self, key)} must be >= 1 (0 = as trained)")
+
+    def check_model(self, model: Any) -> None:
+        """ConfigError where the model config cannot take these settings: noise on GRAM (it samples
+        from its prior), loops on a family without loops, no more loops than its truncation."""
+        if self.noise and hasattr(model, "noise_scale"):
+            raise ConfigError(f"eval.noise={self.noise}: {model.name} draws its trajectories from its prior "
+                              "(model.sample_temperature); leave it at 0")
+        if self.loops and not hasattr(model, "loops"):
+            raise ConfigError(f"eval.loops={self.loops}: {model.name} has no loops (URM-like families do); "
+                              "eval.segments sets its depth")
+        if self.loops and self.loops <= getattr(model, "truncation", 0):
+            raise ConfigError(f"eval.loops={self.loops} must exceed model.truncation={model.truncation}")

@@ -186,11 +186,10 @@ def test_in_run_pass_at_k_equals_urm_ray_eval_on_the_checkpoint(dataset, tmp_pat
     """The trainer's evaluation (EMA weights, train.eval_arc_views views) reports the pass@k that
     `urm-ray eval --augmentations K` reports on the checkpoint saved at that step."""
     from urm_ray.config import load_config
-    from urm_ray.tracking import NullTracker
-    from urm_ray.train import checkpoint, offline
-    from urm_ray.train.hosts import ProcessHost
-    from urm_ray.train.live import Sender
-    from urm_ray.train.loop import Loop, task_spec
+    from urm_ray.eval import offline
+    from urm_ray.eval.inrun import InRun, Ranks
+    from urm_ray.train import checkpoint
+    from urm_ray.train.loop import task_spec
     from urm_ray.train.step import build_state, evaluation_model, train_step
     from urm_ray.typed import to_dict
 
@@ -203,8 +202,8 @@ def test_in_run_pass_at_k_equals_urm_ray_eval_on_the_checkpoint(dataset, tmp_pat
     meta = store.read_metadata(dataset)
     state = build_state(cfg, task_spec(cfg, meta), torch.device("cpu"))
     model, ema, optimizers = state.model, state.ema, state.optimizers
-    loop = Loop(state, ProcessHost({}, tmp_path / "run", 1), NullTracker(), Sender(),
-                arc_views=cfg.train.eval_arc_views)
+    evaluation = InRun.for_run(cfg, meta)
+    assert evaluation.arc_views == 3  # the task scores itself: ARC's vote
     train = store.read_split(dataset, "train")
     batch = {"inputs": torch.from_numpy(train["inputs"][:4].astype(np.int32)),
              "labels": torch.from_numpy(train["labels"][:4].astype(np.int64)),
@@ -213,7 +212,7 @@ def test_in_run_pass_at_k_equals_urm_ray_eval_on_the_checkpoint(dataset, tmp_pat
         train_step(state, batch)
     weights = [p.detach().clone() for p in model.parameters()]
     with evaluation_model(state) as evaluated:
-        in_run = loop.arc_metrics(evaluated)
+        in_run = evaluation.arc_metrics(evaluated, Ranks(0, 1, torch.device("cpu"), lambda s: s, lambda v: [v]))
     assert all(torch.equal(w, p) for w, p in zip(weights, model.parameters()))  # put back
     folder = tmp_path / "ckpt"
     folder.mkdir()

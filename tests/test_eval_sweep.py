@@ -103,11 +103,11 @@ def test_an_evaluation_sweep_searches_test_time_settings_only(tmp_path: Path):
         ({"objectives": [{"metric": "eval/exact_accuracy", "mode": "max"}]},
          "objective eval/exact_accuracy: an evaluation sweep reports eval/testtime/"),
         ({"scheduler": {"name": "asha"}}, "scheduler.name=asha: an evaluation trial reports once"),
-        ({"base": "sudoku4-urm"}, "give base .* or checkpoint .*, not both or neither"),
+        ({"checkpoint": ""}, "give base \\(a training sweep\\) or checkpoint \\(an evaluation sweep\\)"),
     ]
     for changes, message in cases:
         path = tmp_path / "space.yaml"
-        path.write_text(yaml.safe_dump(_space(str(folder), **changes)))
+        path.write_text(yaml.safe_dump({**_space(str(folder)), **changes}))
         with pytest.raises(ConfigError, match=message):
             create_sweep(str(path), [], name="bad", root=str(tmp_path / "sweeps"))
     path.write_text(yaml.safe_dump(_space(str(tmp_path / "nowhere"))))

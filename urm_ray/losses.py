@@ -101,6 +101,13 @@ def _act_metrics(
     return seq_is_correct, {k: v.to(torch.float32) for k, v in metrics.items()}
 
 
+def per_row(metric: str) -> bool:
+    """Whether the loss's ``metric`` is a sum over every row of the batch (the losses, GRAM's KL
+    and prior match), rather than over the rows that halted this segment (the accuracies, the
+    segments): how a training report averages it."""
+    return metric.endswith("_loss") or metric.startswith(("kl", "prior_"))
+
+
 def act_loss(
     outputs: dict[str, Tensor],
     labels: Tensor,

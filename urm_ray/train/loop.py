@@ -26,14 +26,11 @@ from torch import nn
 from urm_ray.config import RunConfig, TrainConfig, build_config
 from urm_ray.data import stream
 from urm_ray.data.store import DatasetMeta
-from urm_ray.data.tasks import registry
-from urm_ray.data.tasks.arc.evaluate import PASS_KS, evaluate_arc
-from urm_ray.data.tasks.verify import optional_verifier
 from urm_ray.errors import TrainingDiverged
+from urm_ray.eval.inrun import InRun, Ranks
+from urm_ray.losses import per_row
 from urm_ray.models.task import TaskSpec
 from urm_ray.tracking import Tracker, make_tracker
-from urm_ray.eval import testtime
-from urm_ray.eval.heldout import held_out_metrics
 from urm_ray.train import checkpoint
 from urm_ray.train.hosts import Host, WorkerHost
 from urm_ray.train.live import Sender
@@ -86,16 +83,9 @@ def run_loop(cfg: RunConfig, meta: DatasetMeta, host: Host, device: torch.device
                                                        host.rank, cfg.train.seed)
             state.carry = None if carry is None else carry.to(device)
             progress.phase(f"restored step {state.position.step} from the latest checkpoint")
-        arc_views = cfg.train.eval_arc_views if registry.of(meta).versioned else 0
-        Loop(state, host, tracker, progress, optional_verifier(meta.task, meta.seq_len), arc_views).run()
+        Loop(state, host, tracker, progress, InRun.for_run(cfg, meta)).run()
     finally:
         torch.set_num_threads(threads)
-
-
-def _per_row(metric: str) -> bool:
-    """Losses, the KL and GRAM's prior match are summed over every row; the other metrics over
-    halted rows only."""
-    return metric.endswith("_loss") or metric.startswith(("kl", "prior_"))
 
 
 def _first_nonfinite(first: torch.Tensor, nonfinite: torch.Tensor, step: int) -> torch.Tensor:
@@ -114,16 +104,13 @@ def _report_due(cfg: TrainConfig, step: int) -> bool:
 
 
 class Loop:
-    """Trains one worker's ``state`` from its position to ``train.steps`` on ``host``.
-
-    ``eval_verifier`` judges held-out answers (eval/valid_accuracy and, with train.eval_samples,
-    the sampled answers' validity and coverage; None = "equals the label"); ``arc_views``: ARC's
-    augmented views of each held-out test input voted for arc/pass_at_k (0 = none)."""
+    """Trains one worker's ``state`` from its position to ``train.steps`` on ``host``, evaluating
+    with ``evaluation`` (``eval.inrun``)."""
 
     def __init__(self, state: TrainState, host: Host, tracker: Tracker, progress: Sender,
-                 eval_verifier: Any = None, arc_views: int = 0) -> None:
+                 evaluation: InRun) -> None:
         self.state, self.host, self.tracker, self.progress = state, host, tracker, progress
-        self.eval_verifier, self.arc_views = eval_verifier, arc_views
+        self.evaluation = evaluation
         self.cfg = state.cfg
         self.last_eval: dict[str, float] = {}
         # seconds this process spent in training steps and in evaluations (a trial's own work;
@@ -207,60 +194,27 @@ class Loop:
         sums = self._all_reduce(sums)
         halted = max(float(sums.pop("count")), 1.0)
         rows = steps * self.cfg.train.global_batch_size
-        out = {f"train/{k}": float(v) / (rows if _per_row(k) else halted) for k, v in sums.items()}
+        out = {f"train/{k}": float(v) / (rows if per_row(k) else halted) for k, v in sums.items()}
         out["train/lr"] = self.state.lr
         out["train/samples_per_s"] = rows / seconds
         out["train/tokens_per_s"] = rows * self.state.seq_len / seconds
         return out
 
     def _evaluate(self) -> dict[str, float]:
-        """Held-out metrics over every eval row once: each rank reads the whole (unsplit) split
-        in stored order and scores every world-th batch; the sums are all-reduced."""
+        """Held-out metrics over every eval row once (``eval.inrun``): each rank reads the whole
+        (unsplit) split in stored order and scores every world-th batch; sums are all-reduced."""
         rows, rank, world = self.host.shard("eval"), self.host.rank, self.host.world
-        device, train = self.state.device, self.cfg.train
+        device = self.state.device
 
-        def batches(size: int = train.eval_batch_size) -> Iterator[dict[str, torch.Tensor]]:
+        def batches(size: int) -> Iterator[dict[str, torch.Tensor]]:
             stored = stream.iter_torch_batches(rows, size, epoch=0, seed=0, shuffle=False, drop_last=False,
                                                buffer_rows=0)
-            return ({k: v.to(device) for k, v in b.items()}
-                    for i, b in enumerate(stored) if i % world == rank)
+            return ({k: v.to(device) for k, v in b.items()} for i, b in enumerate(stored) if i % world == rank)
 
+        ranks = Ranks(rank, world, device, self._all_reduce, self._gather)
         with evaluation_model(self.state) as model:
-            metrics = held_out_metrics(model, batches, train.eval_samples, self.eval_verifier,
-                                       reduce=self._all_reduce)
-            if self.arc_views:
-                metrics.update(self.arc_metrics(model))
-            if train.eval_curves:
-                metrics.update(self.curves(model, batches(max(1, train.eval_batch_size // self.cfg.eval.width))))
-        return metrics
-
-    def curves(self, model: nn.Module, batches: Iterator[dict[str, torch.Tensor]]) -> dict[str, float]:
-        """Held-out exact accuracy against depth and width under the eval section
-        (``eval.testtime``), as metrics, and their plot against passes per puzzle as an artifact
-        (curves/step-<step>.png)."""
-        settings, step = self.cfg.eval, self.state.position.step
-        with testtime.applied(model, settings):
-            sums = self._all_reduce(testtime.accumulate(batches, model, settings, self.eval_verifier))
-        report = testtime.summarize(sums, settings)
-        if self.host.rank == 0:
-            with tempfile.TemporaryDirectory() as folder:
-                plot = Path(folder) / f"step-{step:07d}.png"
-                self.tracker.log_artifact(testtime.plot_curves(report, str(plot), f"step {step}"), "curves")
-        out = {f"eval/curves/depth_{k}": acc for k, acc in report["depth_curve"].items()}
-        out.update({f"eval/curves/width_{w}": acc for w, acc in report["width_curve"].items()})
-        return {**out, "eval/curves/passes_per_puzzle": report["passes_per_puzzle"]}
-
-    def arc_metrics(self, model: nn.Module) -> dict[str, float]:
-        """``urm-ray eval``'s ARC vote over ``arc_views`` views of each held-out test input, with
-        pass@k for k up to the views (pass@1 and pass@2 always). Each rank votes on a share of the
-        test pairs; ``_gather`` brings every rank the others' results (a collective)."""
-        views, train = self.arc_views, self.cfg.train
-        report = evaluate_arc(
-            model, self.cfg.data, self.cfg.data.eval_split, num_augmentations=views,
-            batch_size=train.eval_batch_size, pass_ks=tuple(k for k in PASS_KS if k <= max(views, 2)),
-            max_pairs=train.eval_max_rows, device=self.state.device,
-            ranks=(self.host.rank, self.host.world), gather=self._gather)
-        return report["metrics"]
+            return self.evaluation.run(model, batches, ranks, self.state.position.step,
+                                       lambda plot: self.tracker.log_artifact(plot, "curves"))
 
     def _report(self, metrics: dict[str, float]) -> None:
         cfg, position = self.cfg.train, self.state.position

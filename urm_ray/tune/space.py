@@ -112,7 +112,7 @@ class SpaceSpec:
     params: dict
     base: str = ""  # preset name or YAML path (relative to the space file)
     # an evaluation sweep instead: the checkpoint folder whose test-time settings (eval.*) the
-    # trials search; each trial evaluates it and trains nothing (its config is the base)
+    # trials search; each trial evaluates it and trains nothing (its config is the default base)
     checkpoint: str = ""
     description: str = ""  # what the space searches, in one line
     overrides: dict = field(default_factory=dict)  # fixed dotted-key changes to the base
@@ -222,11 +222,12 @@ def space_from_dict(data: dict[str, Any], path: Path, overrides: list[str]) -> S
     config_over = [o for o in overrides if o.partition("=")[0].split(".")[0] in CONFIG_SECTIONS]
     space_over = [o for o in overrides if o not in config_over]
     spec = from_dict(SpaceSpec, with_values(data, parse_overrides(space_over, "trials=8")), path.stem)
-    if bool(spec.base) == bool(spec.checkpoint):
+    if not spec.base and not spec.checkpoint:
         raise ConfigError(f"search space {path.name}: give base (a training sweep) or checkpoint (an evaluation "
-                          "sweep), not both or neither")
+                          "sweep)")
     if spec.checkpoint:
         spec.checkpoint = str(Path(spec.checkpoint).resolve())
+    if not spec.base:  # an evaluation sweep's base: the checkpoint's own config
         base_dict = _checkpoint_config(Path(spec.checkpoint))
     else:
         base_path = path.parent / spec.base

@@ -1,0 +1,102 @@
+"""What a run evaluates at each evaluation step, on whichever rank and host the loop runs.
+
+    evaluation = InRun.for_run(cfg, meta)
+    metrics = evaluation.run(model, batches, ranks, step, log_plot)   # model in eval mode, EMA weights
+
+- the plain held-out metrics (``heldout``), judged by the task's verifier;
+- with ``train.eval_samples``: GRAM's sampled trajectories, voted, with coverage;
+- the task's own scoring where it has one: ARC's pass@k by voting over ``train.eval_arc_views``
+  augmented views of each test input (``tasks.arc.evaluate``);
+- with ``train.eval_curves``: the test-time evaluation under the ``eval`` section (``testtime``),
+  accuracy against depth and width, and its plot.
+
+Sums are combined across ranks by ``ranks.reduce`` (an all-reduce) before dividing, and ARC's
+per-pair results by ``ranks.gather``; both are collectives every rank calls.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from urm_ray.config import RunConfig
+from urm_ray.data.store import DatasetMeta
+from urm_ray.data.tasks import registry
+from urm_ray.data.tasks.arc.evaluate import PASS_KS, evaluate_arc
+from urm_ray.data.tasks.verify import optional_verifier
+from urm_ray.eval import testtime
+from urm_ray.eval.heldout import Verifier, held_out_metrics
+
+Batches = Callable[[int], Iterator[dict[str, torch.Tensor]]]  # rows per batch -> this rank's batches
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This rank among the run's workers, and the collectives that combine their results."""
+
+    rank: int
+    world: int
+    device: torch.device
+    reduce: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+    gather: Callable[[Any], list[Any]]
+
+
+@dataclass(frozen=True)
+class InRun:
+    """A run's evaluation: its config, the task's verifier and whether the task scores itself."""
+
+    cfg: RunConfig
+    verifier: Optional[Verifier]
+    arc_views: int  # ARC: augmented views voted per test input (0: the task has no own scoring)
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, meta: DatasetMeta) -> InRun:
+        views = cfg.train.eval_arc_views if registry.of(meta).versioned else 0
+        return cls(cfg, optional_verifier(meta.task, meta.seq_len), views)
+
+    def run(self, model: nn.Module, batches: Batches, ranks: Ranks, step: int,
+            log_plot: Callable[[Path], None]) -> dict[str, float]:
+        """The metrics of one evaluation at training ``step``; rank 0 hands the curves' plot to
+        ``log_plot`` (a file that lasts for the call)."""
+        train = self.cfg.train
+        metrics = held_out_metrics(model, lambda: batches(train.eval_batch_size), train.eval_samples,
+                                   self.verifier, reduce=ranks.reduce)
+        if self.arc_views:
+            metrics.update(self.arc_metrics(model, ranks))
+        if train.eval_curves:
+            curves, report = self.curves(model, batches, ranks)
+            metrics.update(curves)
+            if ranks.rank == 0:
+                with tempfile.TemporaryDirectory() as folder:
+                    log_plot(Path(testtime.plot_curves(report, f"{folder}/step-{step:07d}.png", f"step {step}")))
+        return metrics
+
+    def arc_metrics(self, model: nn.Module, ranks: Ranks) -> dict[str, float]:
+        """``urm-ray eval``'s ARC vote over ``arc_views`` views of each held-out test input, with
+        pass@k for k up to the views (pass@1 and pass@2 always); each rank votes on a share of the
+        test pairs."""
+        views, train = self.arc_views, self.cfg.train
+        report = evaluate_arc(
+            model, self.cfg.data, self.cfg.data.eval_split, num_augmentations=views,
+            batch_size=train.eval_batch_size, pass_ks=tuple(k for k in PASS_KS if k <= max(views, 2)),
+            max_pairs=train.eval_max_rows, device=ranks.device, ranks=(ranks.rank, ranks.world),
+            gather=ranks.gather)
+        return report["metrics"]
+
+    def curves(self, model: nn.Module, batches: Batches, ranks: Ranks) -> tuple[dict[str, float], dict[str, Any]]:
+        """Held-out exact accuracy against depth and width under the ``eval`` section, as metrics
+        ``eval/curves/*``, and the report they come from."""
+        settings = self.cfg.eval
+        rows = max(1, self.cfg.train.eval_batch_size // settings.width)  # rows x width per forward
+        with testtime.applied(model, settings):
+            sums = ranks.reduce(testtime.accumulate(batches(rows), model, settings, self.verifier))
+        report = testtime.summarize(sums, settings)
+        out = {f"eval/curves/depth_{k}": acc for k, acc in report["depth_curve"].items()}
+        out.update({f"eval/curves/width_{w}": acc for w, acc in report["width_curve"].items()})
+        return {**out, "eval/curves/passes_per_puzzle": report["passes_per_puzzle"]}, report

@@ -36,7 +36,7 @@ from pathlib import Path
 import ray
 import torch
 
-from urm_ray.data.tasks.verify import optional_verifier
+from urm_ray.eval.inrun import InRun
 from urm_ray.train import checkpoint, driver
 from urm_ray.train.hosts import ProcessHost
 from urm_ray.train.live import Sender
@@ -75,7 +75,7 @@ def one_trial(cfg, number: int) -> dict[str, float]:
     with t("model build"):
         state = build_state(cfg, task_spec(cfg, meta), torch.device("cpu"), targets=targets_for(cfg, meta))
     loop = Loop(state, host, make_tracker(cfg.tracking.tracking_uri, run_id, True), Sender(),
-                optional_verifier(meta.task, meta.seq_len))
+                InRun.for_run(cfg, meta))
     batches = loop._batches()
     with t("first batch"):
         batch = next(batches)

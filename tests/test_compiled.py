@@ -189,6 +189,7 @@ def test_a_diverging_step_is_flagged_on_the_device_and_stops_the_run():
     """lr = 1e6 blows the weights up within a few steps: the step flags it without a host read,
     and the check at the next report raises, naming the first bad step."""
     from urm_ray.errors import TrainingDiverged
+    from urm_ray.eval.inrun import InRun
     from urm_ray.train.hosts import ProcessHost
     from urm_ray.train.live import Sender
     from urm_ray.tracking import NullTracker
@@ -206,7 +207,7 @@ def test_a_diverging_step_is_flagged_on_the_device_and_stops_the_run():
         metrics = train_step(diverging, batch(step))
         first = _first_nonfinite(first, metrics["nonfinite"], step)
     assert 1 < int(first) <= 8
-    loop = Loop(diverging, ProcessHost({}, Path("unused"), 1), NullTracker(), Sender())
+    loop = Loop(diverging, ProcessHost({}, Path("unused"), 1), NullTracker(), Sender(), InRun(diverging.cfg, None, 0))
     with pytest.raises(TrainingDiverged, match=f"non-finite loss at step {int(first)}:"):
         loop._stop_if_diverged(first)
     loop._stop_if_diverged(torch.full((), -1))  # nothing seen: no error

@@ -23,9 +23,9 @@ from unittest import mock
 import torch
 
 from urm_ray.config import load_config
-from urm_ray.losses import act_loss
 from urm_ray.models.registry import TaskSpec, build_model
-from urm_ray.train.compiled import compile_model, compiled_loss
+from urm_ray.objectives import Objective, objective_for
+from urm_ray.train.compiled import compile_model
 
 TASK = TaskSpec(vocab_size=11, seq_len=81, num_puzzle_identifiers=4)
 FAMILIES = {  # the sudoku4 presets on the 9x9 Sudoku shape, with a puzzle embedding for URM
@@ -46,13 +46,13 @@ def _batch(rows: int, device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def _segment(model: torch.nn.Module, loss_fn: Any, device: torch.device, bf16: bool) -> tuple[torch.Tensor, ...]:
+def _segment(model: torch.nn.Module, objective: Objective, device: torch.device, bf16: bool) -> tuple[torch.Tensor, ...]:
     """(logits, loss) of one train-mode segment, float32 on the CPU."""
     batch = _batch(16, device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
     with mock.patch("torch.randn_like", torch.zeros_like), autocast:
         carry, outputs = model.train()(model.initial_carry(batch), batch)
-        loss, _ = loss_fn(outputs, carry.current_data["labels"], carry.halted, carry.steps)
+        loss, _ = objective(outputs, carry)
     return outputs["logits"].detach().float().cpu(), loss.detach().float().cpu()
 
 
@@ -65,12 +65,12 @@ def check(family: str, device: torch.device, bf16: bool, compiled: bool) -> dict
     torch.manual_seed(0)
     reference = build_model(cfg.model, TASK)
     model = copy.deepcopy(reference).to(device)
-    logits_ref, loss_ref = _segment(reference, act_loss, torch.device("cpu"), bf16=False)
-    loss_fn = act_loss
+    objective = objective_for(cfg)
+    logits_ref, loss_ref = _segment(reference, objective, torch.device("cpu"), bf16=False)
     if compiled:
         compile_model(model)
-        loss_fn = compiled_loss()
-    logits, loss = _segment(model, loss_fn, device, bf16)
+        objective = objective.compiled()
+    logits, loss = _segment(model, objective, device, bf16)
     return {"family": family, "logits_rel_err": _relative(logits, logits_ref),
             "loss_rel_err": _relative(loss, loss_ref), "loss_cpu_fp32": float(loss_ref),
             "argmax_agree": float((logits.argmax(-1) == logits_ref.argmax(-1)).float().mean())}

@@ -38,7 +38,8 @@ from urm_ray.data.tasks.sudoku import all_grids
 from urm_ray.data.tasks.verify import nearest_for, verifier_for
 from urm_ray.models.registry import TaskSpec
 from urm_ray.optim import EMA
-from urm_ray.train.step import Targets, build_state, train_step
+from urm_ray.objectives import GuidedObjective
+from urm_ray.train.step import build_state, train_step
 from urm_ray.eval.heldout import generate_unconditional
 
 # task -> (preset, verifier's task, every solution as token boards [S, L], vocabulary size)
@@ -71,7 +72,7 @@ def train_arm(task: str, weight: float, args: argparse.Namespace) -> dict[str, A
     verify = verifier_for(verifier_task, boards.shape[1])
     search = nearest_for(verifier_task, boards.shape[1], vocab) if cfg.model.prior_match_targets == "nearest" else None
     task = TaskSpec(vocab_size=vocab, seq_len=boards.shape[1], num_puzzle_identifiers=1)
-    state = build_state(cfg, task, torch.device("cpu"), targets=Targets(halt=verify, prior=search))
+    state = build_state(cfg, task, torch.device("cpu"), objective=GuidedObjective(cfg.train.loss, halt=verify, prior=search))
     model = state.model
     # the preset's decay is the training's own EMA; other decays are extra averages beside it
     emas = {"ema": state.ema} | {f"ema{d}": EMA(model, d) for d in args.ema_decays or []

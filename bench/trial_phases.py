@@ -41,7 +41,8 @@ from urm_ray.train import checkpoint, driver
 from urm_ray.train.hosts import ProcessHost
 from urm_ray.train.live import Sender
 from urm_ray.train.loop import Loop, task_spec, torch_threads
-from urm_ray.train.step import build_state, targets_for, train_step
+from urm_ray.objectives import objective_for
+from urm_ray.train.step import build_state, train_step
 from urm_ray.tracking import make_tracker
 from urm_ray.tune.space import load_space
 from urm_ray.typed import to_dict
@@ -73,7 +74,7 @@ def one_trial(cfg, number: int) -> dict[str, float]:
     folder = Path(cfg.train.storage_path) / cfg.train.run_name
     host = ProcessHost(data, folder, cfg.train.keep_checkpoints)
     with t("model build"):
-        state = build_state(cfg, task_spec(cfg, meta), torch.device("cpu"), targets=targets_for(cfg, meta))
+        state = build_state(cfg, task_spec(cfg, meta), torch.device("cpu"), objective=objective_for(cfg, meta))
     loop = Loop(state, host, make_tracker(cfg.tracking.tracking_uri, run_id, True), Sender(),
                 InRun.for_run(cfg, meta))
     batches = loop._batches()

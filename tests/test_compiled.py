@@ -35,8 +35,7 @@ def _loss_and_grads(trainer: TrainState, batch: dict[str, torch.Tensor]) -> tupl
     model = trainer.model.train()
     with autocast(trainer):
         carry, outputs = model(model.initial_carry(batch), batch)
-        loss, _ = trainer.loss_fn(outputs, carry.current_data["labels"], carry.halted, carry.steps,
-                                  inputs=carry.current_data["inputs"])
+        loss, _ = trainer.objective(outputs, carry)
     loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from urm_ray.errors import ConfigError
-from urm_ray.losses import act_loss, gaussian_kl, softmax_cross_entropy, stablemax_cross_entropy
+from urm_ray.losses import act_loss, gaussian_kl, guided_loss, softmax_cross_entropy, stablemax_cross_entropy
 
 
 def _logits_and_labels(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,13 +158,15 @@ def test_gaussian_kl_balance_splits_gradients() -> None:
         gaussian_kl(*_gaussians(), balance=1.5)
 
 
-def test_act_loss_adds_a_models_aux_loss() -> None:
+def test_guided_loss_adds_a_models_aux_loss_to_the_act_loss() -> None:
     halted, steps = torch.ones(3, dtype=torch.bool), torch.ones(3)
     base, base_metrics = act_loss(_outputs(), LABELS, halted, steps)
-    assert "kl" not in base_metrics and "aux_loss" not in base_metrics
     aux = torch.tensor(0.7, requires_grad=True)
     outputs = {**_outputs(), "aux_loss": aux, "kl": torch.tensor(7.0)}
-    total, metrics = act_loss(outputs, LABELS, halted, steps)
+    plain, plain_metrics = act_loss(outputs, LABELS, halted, steps)  # the official head: no extra term
+    assert torch.equal(plain, base) and plain_metrics.keys() == base_metrics.keys()
+    assert "kl" not in plain_metrics and "aux_loss" not in plain_metrics
+    total, metrics = guided_loss(outputs, LABELS, halted, steps)
     torch.testing.assert_close(total, base + 0.7)
     total.backward()
     assert aux.grad == 1
@@ -197,24 +199,23 @@ def test_matched_answers_ignore_unsupervised_tokens_and_prefer_the_own_label() -
     assert torch.equal(targets, labels)
 
 
-def test_matched_answer_loss_trains_towards_given_search_targets_for_every_row() -> None:
+def test_matched_answer_loss_trains_towards_the_given_targets_of_every_row() -> None:
     from urm_ray.losses import matched_answer_loss
 
-    inputs = torch.tensor([[0, 0, 0], [0, 0, 0], [1, 1, 1]])
     labels = torch.tensor([[1, 2, -100], [3, 3, -100], [1, 1, -100]])
     searched = torch.tensor([[4, 4, -100], [2, 4, -100], [4, 4, -100]])
     logits = 9.0 * F.one_hot(torch.tensor([[4, 4, 0], [4, 4, 0], [4, 2, 0]]), 5).float()
-    # the search's targets replace the matched labels for every row, shared input or not: row 0's
-    # decode equals its target, rows 1 and 2 differ from theirs in one supervised token
-    loss, exact = matched_answer_loss(logits, inputs, labels, "softmax", targets=searched)
+    # a search's targets: row 0's decode equals its target, rows 1 and 2 differ from theirs in
+    # one supervised token
+    loss, exact = matched_answer_loss(logits, searched, "softmax")
     assert exact == 1
     expected = F.cross_entropy(logits.flatten(0, 1), searched.flatten(), ignore_index=-100, reduction="none")
     assert torch.allclose(loss, (expected.view(3, 3).sum(-1) / 2).sum())
-    _, exact_labels = matched_answer_loss(logits, inputs, labels, "softmax")
+    _, exact_labels = matched_answer_loss(logits, labels, "softmax")
     assert exact_labels == 0
 
 
-def test_act_loss_adds_the_prior_match_towards_the_matched_answers() -> None:
+def test_guided_loss_adds_the_prior_match_towards_the_matched_answers() -> None:
     from urm_ray.losses import matched_answers
 
     halted, steps = torch.ones(3, dtype=torch.bool), torch.ones(3)
@@ -225,10 +226,10 @@ def test_act_loss_adds_the_prior_match_towards_the_matched_answers() -> None:
     prior[0] = 9.0 * F.one_hot(labels[2], 5)  # row 0's prior draw decodes row 2's answer
     prior.requires_grad_()
     outputs = {**_outputs(), "prior_logits": prior, "prior_weight": torch.tensor(0.5)}
-    with pytest.raises(ValueError, match="inputs"):
-        act_loss(outputs, labels, halted, steps, "softmax")
-    total, metrics = act_loss(outputs, labels, halted, steps, "softmax", inputs=inputs)
+    with pytest.raises(ValueError, match="prior_targets"):
+        guided_loss(outputs, labels, halted, steps, "softmax")
     targets, distance = matched_answers(prior.argmax(-1), inputs, labels)
+    total, metrics = guided_loss(outputs, labels, halted, steps, "softmax", prior_targets=targets)
     expected = (softmax_cross_entropy(prior, targets).mean(-1)).sum()
     torch.testing.assert_close(total, base + 0.5 * expected)
     assert metrics["prior_exact"] == (distance == 0).sum() and metrics["prior_match_loss"] == expected.detach()

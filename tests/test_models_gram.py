@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from urm_ray.errors import ConfigError
-from urm_ray.losses import act_loss
+from urm_ray.losses import guided_loss
 from urm_ray.models.gram import GRAM, LOGVAR_MAX, LOGVAR_MIN, GRAMConfig, kl_coef_at
 from urm_ray.models.registry import TaskSpec, build_model, config_class
 from urm_ray.models.trm import TRMConfig
@@ -157,7 +157,7 @@ def test_aux_loss_is_the_weighted_balanced_kl(model_batch, reduction):
     else:  # every row of the fixture has the same number of supervised tokens
         assert bool((tokens == tokens[0]).all())
         torch.testing.assert_close(outputs["aux_loss"].detach(), 0.25 * outputs["kl"] / tokens[0])
-    total, metrics = act_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps)
+    total, metrics = guided_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps)
     torch.testing.assert_close(total, metrics["lm_loss"].double() + 0.5 * metrics["q_halt_loss"].double()
                                + outputs["aux_loss"].double())
     assert metrics["kl"] == outputs["kl"] and metrics["kl_last"] == outputs["kl_last"]

@@ -121,7 +121,7 @@ def sudoku_gram():
     with 2 blanks (about 25 s here; the valid share was 0.50 at step 600, 0.59 at 700)."""
     import copy
 
-    from urm_ray.losses import act_loss
+    from urm_ray.losses import guided_loss
 
     torch.manual_seed(0)
     model = build_model(GRAMURMConfig(**SUDOKU), TaskSpec(vocab_size=6, seq_len=16, num_puzzle_identifiers=1))
@@ -134,7 +134,7 @@ def sudoku_gram():
         batch = {k: v[pick] for k, v in train.items()}
         carry = model.initial_carry(batch) if carry is None else carry
         carry, outputs = model.train()(carry, batch)
-        loss, _ = act_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps, "softmax")
+        loss, _ = guided_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps, "softmax")
         (loss / rows).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -174,7 +174,7 @@ def test_row_latent_gram_draws_several_valid_queens_boards_from_the_blank_board(
     import copy
 
     from urm_ray.data.tasks.nqueens import solutions, valid_queens_mask
-    from urm_ray.losses import act_loss
+    from urm_ray.losses import guided_loss
     from urm_ray.eval.heldout import generate_unconditional
 
     torch.manual_seed(0)
@@ -188,7 +188,7 @@ def test_row_latent_gram_draws_several_valid_queens_boards_from_the_blank_board(
         batch = {"inputs": torch.ones_like(labels), "labels": labels, "puzzle_identifiers": torch.zeros(rows)}
         carry = model.initial_carry(batch) if carry is None else carry
         carry, outputs = model.train()(carry, batch)
-        loss, _ = act_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps, "softmax")
+        loss, _ = guided_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps, "softmax")
         (loss / rows).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

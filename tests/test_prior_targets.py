@@ -5,14 +5,17 @@ one ``train.label_targets`` names."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import coloring
 from urm_ray.data.tasks.verify import verifier_for
-from urm_ray.train.step import Targets, targets_for, train_step
+from urm_ray.errors import ConfigError
+from urm_ray.objectives import GuidedObjective, Objective, objective_for
+from urm_ray.train.step import train_step
 
-from tiny import batch, trainer
+from tiny import batch, config, trainer
 
 N, K = 8, 3
 SEQ = N * (N + 1)
@@ -32,8 +35,8 @@ def test_nearest_targets_are_valid_colourings_and_labels_where_the_answer_is_one
     answers = torch.where(labels < 0, coloring.NO_EDGE_TOKEN, labels)
     answers[:8, 0] = coloring.COLOR0_TOKEN + (answers[:8, 0] - coloring.COLOR0_TOKEN + 1) % K  # node 0 recoloured
     assert not verify(answers, inputs, labels)[:8].all()
-    choose = lambda choice: targets_for(  # noqa: E731
-        trainer("gram_urm", False, ("model.prior_match=1.0", f"model.prior_match_targets={choice}")).cfg, META).prior
+    choose = lambda choice: objective_for(  # noqa: E731
+        config("gram_urm", extra=("model.prior_match=1.0", f"model.prior_match_targets={choice}")), META).prior
     assert choose("label") is None
     nearest = choose("nearest")(answers, inputs, labels)
     assert verify(nearest, inputs, labels).all()
@@ -46,7 +49,7 @@ def test_the_step_trains_the_prior_decode_towards_the_search_targets():
     decode itself, every prior decode equals its target (prior_exact = all rows)."""
     counts = {}
     for name, search in (("labels", None), ("own decode", lambda answers, inputs, labels: answers)):
-        tiny = trainer("gram_urm", False, ("model.prior_match=1.0",), Targets(prior=search))
+        tiny = trainer("gram_urm", False, ("model.prior_match=1.0",), GuidedObjective(prior=search))
         torch.manual_seed(3)
         metrics = train_step(tiny, batch(0))
         counts[name] = int(metrics["prior_exact"])
@@ -54,8 +57,8 @@ def test_the_step_trains_the_prior_decode_towards_the_search_targets():
 
 
 def test_label_targets_nearest_asks_the_task_for_its_search():
-    hooks = lambda choice: targets_for(trainer("urm", False, (f"train.label_targets={choice}",)).cfg, META)  # noqa: E731
-    assert hooks("label") == Targets()
+    hooks = lambda choice: objective_for(config("urm", extra=(f"train.label_targets={choice}",)), META)  # noqa: E731
+    assert hooks("label") == Objective()
     inputs, labels = _graphs(4)
     answers = torch.where(labels < 0, coloring.NO_EDGE_TOKEN, labels)
     assert torch.equal(hooks("nearest").labels(answers, inputs, labels), labels)  # valid answers are their own target
@@ -67,8 +70,15 @@ def test_the_step_trains_the_answer_decode_towards_the_label_targets():
     losses = {}
     for name, search in (("labels", None), ("own decode", lambda answers, inputs, labels: torch.where(
             labels < 0, labels, answers))):
-        tiny = trainer("urm", False, targets=Targets(labels=search))
+        tiny = trainer("urm", False, objective=Objective(labels=search))
         torch.manual_seed(3)
         metrics = train_step(tiny, batch(0))
         losses[name] = float(metrics["lm_loss"])
     assert losses["own decode"] < losses["labels"]
+
+
+def test_an_objective_that_asks_a_task_hook_needs_the_dataset():
+    with pytest.raises(ConfigError, match="model.halt_target=verifier needs the dataset's task"):
+        objective_for(config("gram", extra=("model.halt_target=verifier",)))
+    assert isinstance(objective_for(config("gram"), META), GuidedObjective)
+    assert type(objective_for(config("trm"), META)) is Objective

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from urm_ray.config import load_config
+from urm_ray.config import RunConfig, load_config
 from urm_ray.models.registry import TaskSpec
-from urm_ray.train.step import Targets, TrainState, build_state
+from urm_ray.objectives import Objective
+from urm_ray.train.step import TrainState, build_state
 
 TASK = TaskSpec(vocab_size=6, seq_len=16, num_puzzle_identifiers=5)
 SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.expansion=1.0", "train.global_batch_size=8",
@@ -22,11 +23,14 @@ FAMILIES = {
 }
 
 
-def trainer(family: str, compiled: bool, extra: tuple[str, ...] = (),
-            targets: Targets = Targets()) -> TrainState:
+def config(family: str, compiled: bool = False, extra: tuple[str, ...] = ()) -> RunConfig:
     overrides = [*SMALL, *FAMILIES[family], f"train.compile={str(compiled).lower()}", *extra]
-    cfg = load_config(f"sudoku4-{family.replace('_', '-')}", overrides)
-    return build_state(cfg, TASK, torch.device("cpu"), targets=targets)
+    return load_config(f"sudoku4-{family.replace('_', '-')}", overrides)
+
+
+def trainer(family: str, compiled: bool, extra: tuple[str, ...] = (),
+            objective: Objective | None = None) -> TrainState:
+    return build_state(config(family, compiled, extra), TASK, torch.device("cpu"), objective=objective)
 
 
 def batch(seed: int) -> dict[str, torch.Tensor]:

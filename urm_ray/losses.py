@@ -1,4 +1,5 @@
-"""Training losses: stablemax / softmax cross-entropy, the ACT loss head, and GRAM's Gaussian KL.
+"""Training losses: stablemax / softmax cross-entropy, the ACT loss head, GRAM's objective and its
+Gaussian KL.
 
 `act_loss` reproduces the official HRM/TRM/URM `ACTLossHead` term by term, so losses and
 metrics are comparable with the papers' numbers:
@@ -6,7 +7,10 @@ metrics are comparable with the papers' numbers:
     lm_loss     = sum_b (sum_t token_loss[b, t] / max(#valid[b], 1))
     q_halt_loss = sum_b BCE(q_halt_logits[b], sequence b exactly correct)
     q_continue  = sum_b BCE(q_continue_logits[b], target_q_continue[b])   (when the model gives it)
-    total       = lm_loss + 0.5 * (q_halt_loss + q_continue_loss) [+ outputs["aux_loss"], e.g. GRAM's KL]
+    total       = lm_loss + 0.5 * (q_halt_loss + q_continue_loss)
+
+`guided_loss` is GRAM's: the same terms, its Q-halt label judged on a prior-guided decode, plus
+the model's KL term (`aux_loss`) and its prior match (`prior_weight * matched_answer_loss`).
 
 Every loss and metric is a SUM over rows (not a mean) so that a data-parallel caller can
 all-reduce them and divide once: loss metrics by the global batch size, the other metrics by
@@ -18,7 +22,6 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from urm_ray.errors import ConfigError
@@ -116,34 +119,23 @@ def act_loss(
     loss_type: str = "stablemax",
     ignore_index: int = IGNORE_LABEL_ID,
     halt_target: Optional[Tensor] = None,
-    inputs: Optional[Tensor] = None,
-    prior_targets: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of one ACT segment and its metrics, exactly as the official ACTLossHead.
 
     outputs: the model's dict (`logits` [B, L, V], `q_halt_logits` [B], `q_continue_logits` [B],
-        optional `target_q_continue` [B], optional `aux_loss` scalar summed over rows and added
-        to the total as is, with its detached `kl` scalar, as GRAM returns them). labels: [B, L] with `ignore_index` for no target.
+        optional `target_q_continue` [B]). labels: [B, L] with `ignore_index` for no target.
     halted, steps: the new carry's flags [B] bool and step counters [B]; metrics cover only
         halted rows (finished episodes) that have at least one target token.
     halt_target: optional [B] bool to replace "sequence exactly correct" as the Q-halt label
-        (e.g. a verifier that accepts any valid solution, as GRAM does). Without it, an
-        optional `halt_logits` output [B, L, V] (GRAM's prior-guided decode) is the answer judged.
-    inputs: the batch's inputs [B, L], needed with a `prior_logits` output (GRAM's prior match):
-        ``prior_weight * matched_answer_loss`` is added, with metrics `prior_match_loss` and
-        `prior_exact`. prior_targets: optional [B, L], the prior match's targets (a task's
-        search) in place of the matched labels (see ``matched_answer_loss``).
+        (e.g. a verifier that accepts any valid solution).
 
     Returns (total loss scalar, metrics). Metrics are detached float32 sums over rows:
     `count`, `accuracy` (sum of per-row token accuracy), `exact_accuracy`, `q_halt_accuracy`,
-    `act_segments`, `lm_loss`, `q_halt_loss`, when the target is present `q_continue_loss`, and with
-    an `aux_loss` output `aux_loss` and `kl` (both summed over ALL rows, like the losses).
+    `act_segments`, `lm_loss`, `q_halt_loss`, and when the target is present `q_continue_loss`.
     """
     with torch.no_grad():
         seq_is_correct, metrics = _act_metrics(outputs, labels, halted, steps, ignore_index)
         divisor = (labels != ignore_index).sum(-1).clamp_min(1).unsqueeze(-1)  # [B, 1]
-        if halt_target is None and "halt_logits" in outputs:  # the Q-head judges another decode
-            halt_target = _answer_exact(outputs["halt_logits"], labels, ignore_index)
     target = seq_is_correct if halt_target is None else halt_target
     q_halt_logits = outputs["q_halt_logits"]
     lm_loss = (token_loss_fn(loss_type)(outputs["logits"], labels, ignore_index=ignore_index) / divisor).sum()
@@ -157,17 +149,43 @@ def act_loss(
         )
         metrics["q_continue_loss"] = q_continue_loss.detach().to(torch.float32)
         q_loss = q_loss + q_continue_loss
-    total = lm_loss + 0.5 * q_loss
-    if "aux_loss" in outputs:  # a model's own extra term, e.g. GRAM's kl_coef * balanced KL
+    return lm_loss + 0.5 * q_loss, metrics
+
+
+def guided_loss(
+    outputs: dict[str, Tensor],
+    labels: Tensor,
+    halted: Tensor,
+    steps: Tensor,
+    loss_type: str = "stablemax",
+    ignore_index: int = IGNORE_LABEL_ID,
+    halt_target: Optional[Tensor] = None,
+    prior_targets: Optional[Tensor] = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GRAM's objective of one ACT segment: ``act_loss`` plus the model's KL term and its prior match.
+
+    outputs: ``act_loss``'s, plus `aux_loss` (kl_coef * balanced KL, summed over rows, added as
+        is) with its detached `kl*` scalars; optional `halt_logits` [B, L, V], the prior-guided
+        decode the Q-halt label judges where no ``halt_target`` is given; optional
+        `prior_logits` [B, L, V] with `prior_weight`: ``prior_weight * matched_answer_loss``
+        towards ``prior_targets`` [B, L] (a task's search, or the matched labels; required then).
+
+    Returns (total, metrics): ``act_loss``'s metrics, `aux_loss` and the `kl*` sums (over ALL
+    rows, like the losses), and with a prior match `prior_match_loss` and `prior_exact`.
+    """
+    if halt_target is None and "halt_logits" in outputs:  # the Q-head judges the prior's decode
+        with torch.no_grad():
+            halt_target = _answer_exact(outputs["halt_logits"], labels, ignore_index)
+    total, metrics = act_loss(outputs, labels, halted, steps, loss_type, ignore_index, halt_target)
+    if "aux_loss" in outputs:  # none where the model's guidance is off (model.noise_scale=0)
         total = total + outputs["aux_loss"]
         metrics["aux_loss"] = outputs["aux_loss"].detach().to(torch.float32)
-        for key in (k for k in outputs if k.startswith("kl")):  # GRAM's kl, kl_first, kl_last
+        for key in (k for k in outputs if k.startswith("kl")):  # kl, kl_first, kl_last
             metrics[key] = outputs[key].detach().to(torch.float32)
-    if "prior_logits" in outputs:  # GRAM's prior match: its prior-guided decode, trained too
-        if inputs is None:
-            raise ValueError("a prior_logits output needs the batch's inputs (act_loss(..., inputs=...))")
-        prior_loss, exact = matched_answer_loss(outputs["prior_logits"], inputs, labels, loss_type, ignore_index,
-                                                prior_targets)
+    if "prior_logits" in outputs:
+        if prior_targets is None:
+            raise ValueError("a prior_logits output needs its targets (guided_loss(..., prior_targets=...))")
+        prior_loss, exact = matched_answer_loss(outputs["prior_logits"], prior_targets, loss_type, ignore_index)
         total = total + outputs["prior_weight"] * prior_loss
         metrics["prior_match_loss"] = prior_loss.detach().to(torch.float32)
         metrics["prior_exact"] = exact.to(torch.float32)
@@ -186,6 +204,8 @@ def matched_answers(answers: Tensor, inputs: Tensor, labels: Tensor,
     on one. A row alone with its input gets its own label.
     Returns (targets [B, L], distance [B] of each answer to its target: 0 where they are equal).
     """
+    from scipy.optimize import linear_sum_assignment  # on first use: most processes never match
+
     group = torch.unique(inputs, dim=0, return_inverse=True)[1]  # [B]
     supervised = labels != ignore_index  # [B, L]
     distance = ((answers.unsqueeze(1) != labels.unsqueeze(0)) & supervised.unsqueeze(0)).sum(-1)  # [B, B]
@@ -200,23 +220,17 @@ def matched_answers(answers: Tensor, inputs: Tensor, labels: Tensor,
     return labels[matched], distance.gather(1, matched.unsqueeze(1)).squeeze(1)
 
 
-def matched_answer_loss(logits: Tensor, inputs: Tensor, labels: Tensor, loss_type: str,
-                        ignore_index: int = IGNORE_LABEL_ID, targets: Optional[Tensor] = None,
-                        ) -> tuple[Tensor, Tensor]:
-    """Per-token-mean loss of ``logits`` [B, L, V] towards each row's target, summed over rows, and
-    the count of rows whose argmax equals it. The targets are ``targets`` [B, L] where given (a
-    task's search, ``model.prior_match_targets: nearest``), else the matched labels
-    (``matched_answers``)."""
+def matched_answer_loss(logits: Tensor, targets: Tensor, loss_type: str,
+                        ignore_index: int = IGNORE_LABEL_ID) -> tuple[Tensor, Tensor]:
+    """Per-token-mean loss of ``logits`` [B, L, V] towards each row's target [B, L] (a task's
+    search, or ``matched_answers``), summed over rows, and the count of rows whose argmax equals
+    it at every supervised token."""
+    targets = targets.to(logits.device, torch.long)
     with torch.no_grad():
-        answers = logits.argmax(-1)
-        if targets is None:
-            targets, distance = matched_answers(answers, inputs, labels, ignore_index)
-        else:
-            targets = targets.to(labels.device, labels.dtype)
-            distance = ((answers != targets) & (targets != ignore_index)).sum(-1)
+        exact = _answer_exact(logits, targets, ignore_index).sum()
     divisor = (targets != ignore_index).sum(-1).clamp_min(1)
     loss = (token_loss_fn(loss_type)(logits, targets, ignore_index=ignore_index).sum(-1) / divisor).sum()
-    return loss, (distance == 0).sum()
+    return loss, exact
 
 
 def _diag_gaussian_kl(mu_q: Tensor, logvar_q: Tensor, mu_p: Tensor, logvar_p: Tensor) -> Tensor:

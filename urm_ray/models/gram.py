@@ -20,7 +20,7 @@ segment only, as in TRM. The KL (balanced, see ``losses.gaussian_kl``) is charge
 - ``kl_reduction: token_mean`` (default): a row's summed KL over its supervised tokens, the
   scale of the per-token-mean lm_loss, so kl_coef = 1 is an ELBO; ``sum`` is the paper's.
 
-    outputs["aux_loss"] = kl_coef * sum_b (sum_t KL_t[b]) / scale_b    (added by act_loss)
+    outputs["aux_loss"] = kl_coef * sum_b (sum_t KL_t[b]) / scale_b    (added by losses.guided_loss)
     outputs["kl"], ["kl_first"], ["kl_last"] = summed KL over rows (all, first, last), nats
 
 ``halt_decode: prior`` (default) takes the Q-halt label from a prior-guided draw at the last

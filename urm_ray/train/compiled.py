@@ -1,11 +1,11 @@
 """``train.compile``: which part of the training and evaluation step torch.compile compiles.
 
     if compile_enabled(cfg.train.compile, device):
-        compile_model(model)          # the segment core, in place
-        loss_fn = compiled_loss()     # act_loss, compiled
+        compile_model(model)                # the segment core, in place
+        objective = objective.compiled()    # the objective's tensor part (objectives.py)
 
 What is compiled has static shapes: a family's ``core`` (the recurrence, the heads, GRAM's
-guidance and KL) and the ACT loss. What stays eager is small and value-dependent: the
+guidance and KL) and the objective's loss. What stays eager is small and value-dependent: the
 puzzle-embedding lookup (a fresh leaf tensor per step for the sign-SGD optimizer), the ACT
 reset / halting / exploration, and the optimizers. ``dynamic=False`` gives one graph per
 (shape, grad mode, train/eval): the training step, the no-grad passes HRM's Q-target runs, and
@@ -19,12 +19,10 @@ CPU run saves; a long CPU run sets ``train.compile=true``.
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 from torch import nn
-
-from urm_ray.losses import act_loss
 
 CompileSetting = bool | Literal["auto"]
 
@@ -39,7 +37,3 @@ def compile_model(model: nn.Module) -> nn.Module:
     model.core = torch.compile(model.core, dynamic=False)
     return model
 
-
-def compiled_loss() -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
-    """``act_loss`` compiled (its float64 stablemax and the metrics fuse into a few kernels)."""
-    return torch.compile(act_loss, dynamic=False)

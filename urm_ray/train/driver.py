@@ -39,13 +39,13 @@ from urm_ray.data import builtin, store, stream
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import registry
 from urm_ray.errors import ConfigError, DataError, Interrupted, TrainingDiverged, TrainingFailed
+from urm_ray.objectives import objective_for
 from urm_ray.progress import Progress
 from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, REASON_TAG, make_tracker
 from urm_ray.train.checkpoint import latest_local
 from urm_ray.train.hosts import ProcessHost, TrialHost, TuneFilter
 from urm_ray.train.live import Direct, Sender, watching
 from urm_ray.train.loop import run_loop, train_loop_per_worker
-from urm_ray.train.step import targets_for
 from urm_ray.typed import to_dict
 
 logger = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ def prepare(cfg: RunConfig) -> tuple[RunConfig, DatasetMeta]:
                       "data: pass@k by voting over augmented views is for ARC", stacklevel=3)
     logger.info("data: %s", ", ".join(f"{name} {split.num_rows} rows"
                                       for name, split in meta.splits.items()))
-    targets_for(cfg, meta)
+    objective_for(cfg, meta)
     check_storage(cfg.train.storage_path)
     return cfg, meta
 

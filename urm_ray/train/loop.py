@@ -30,11 +30,12 @@ from urm_ray.errors import TrainingDiverged
 from urm_ray.eval.inrun import InRun, Ranks
 from urm_ray.losses import per_row
 from urm_ray.models.task import TaskSpec
+from urm_ray.objectives import objective_for
 from urm_ray.tracking import Tracker, make_tracker
 from urm_ray.train import checkpoint
 from urm_ray.train.hosts import Host, WorkerHost
 from urm_ray.train.live import Sender
-from urm_ray.train.step import TrainState, build_state, evaluation_model, targets_for, train_step
+from urm_ray.train.step import TrainState, build_state, evaluation_model, train_step
 from urm_ray.typed import to_dict
 
 
@@ -73,7 +74,7 @@ def run_loop(cfg: RunConfig, meta: DatasetMeta, host: Host, device: torch.device
     torch.set_num_threads(torch_threads(cfg.train))
     try:
         progress.phase(f"building the model ({cfg.model.name}) on {host.world} worker(s)")
-        state = build_state(cfg, task_spec(cfg, meta), device, targets=targets_for(cfg, meta),
+        state = build_state(cfg, task_spec(cfg, meta), device, objective=objective_for(cfg, meta),
                             world=host.world, wrap=wrap)
         saved = host.saved_state()
         if saved is None:

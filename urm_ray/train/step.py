@@ -21,43 +21,12 @@ import torch
 from torch import nn
 
 from urm_ray.config import RunConfig
-from urm_ray.data.store import DatasetMeta
-from urm_ray.data.tasks.verify import Search, Verifier, nearest_for, verifier_for
-from urm_ray.losses import act_loss, matched_answers
 from urm_ray.models.registry import build_model
 from urm_ray.models.task import TaskSpec
 from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
+from urm_ray.objectives import Objective, objective_for
 from urm_ray.train.checkpoint import Position
-from urm_ray.train.compiled import compile_enabled, compile_model, compiled_loss
-
-LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-
-
-@dataclass(frozen=True)
-class Targets:
-    """The task's pieces a config asks the step for (None where not asked for).
-
-    ``halt``: GRAM's halting target "a task verifier accepts it" (``model.halt_target: verifier``);
-    ``prior``: the targets of GRAM's prior match from the prior decodes
-    (``model.prior_match_targets: nearest``); ``labels``: the answer loss's targets from the rows'
-    own decodes (``train.label_targets: nearest``)."""
-
-    halt: Verifier | None = None
-    prior: Search | None = None
-    labels: Search | None = None
-
-
-def targets_for(cfg: RunConfig, meta: DatasetMeta) -> Targets:
-    """The ``Targets`` of a config on a dataset; ConfigError where the task has no verifier or
-    search (the driver calls it before Ray starts)."""
-    halt = search = None
-    if getattr(cfg.model, "halt_target", "label") == "verifier":
-        halt = verifier_for(meta.task, meta.seq_len)
-    prior_nearest = getattr(cfg.model, "prior_match_targets", "label") == "nearest"
-    if prior_nearest or cfg.train.label_targets == "nearest":
-        search = nearest_for(meta.task, meta.seq_len, meta.vocab_size)
-    return Targets(halt, search if prior_nearest else None,
-                   search if cfg.train.label_targets == "nearest" else None)
+from urm_ray.train.compiled import compile_enabled, compile_model
 
 
 @dataclass
@@ -75,28 +44,28 @@ class TrainState:
     device: torch.device
     local_batch: int  # rows per step on this worker
     seq_len: int  # tokens per row
-    targets: Targets = field(default_factory=Targets)
-    loss_fn: LossFn = act_loss
+    objective: Objective = field(default_factory=Objective)
     position: Position = field(default_factory=Position)
     carry: Any = None  # the ACT carry of the rows in flight (None: the next batch starts afresh)
     lr: float = 0.0  # the network's learning rate at the last step
 
 
-def build_state(cfg: RunConfig, task: TaskSpec, device: torch.device, *, targets: Targets = Targets(),
+def build_state(cfg: RunConfig, task: TaskSpec, device: torch.device, *, objective: Objective | None = None,
                 world: int = 1, wrap: Callable[[nn.Module], nn.Module] | None = None) -> TrainState:
     """Model (seeded by ``train.seed``), optimizers, EMA and the compiled parts for one worker.
+    ``objective``: what the step trains (default: ``objective_for(cfg)``, which asks no task hook);
     ``wrap`` places the model (Ray Train's ``prepare_model`` for DDP); default: moved to ``device``."""
     torch.manual_seed(cfg.train.seed)  # identical init on every rank (DDP also broadcasts)
     model = build_model(cfg.model, task)
     wrapped = wrap(model) if wrap is not None else model.to(device)
     ema = EMA(model, cfg.optim.ema_decay) if cfg.optim.ema else None
     optimizers = build_optimizers(model, cfg.optim)
-    loss_fn: LossFn = act_loss
+    objective = objective or objective_for(cfg)
     if compile_enabled(cfg.train.compile, device):
         compile_model(model)
-        loss_fn = compiled_loss()
+        objective = objective.compiled()
     return TrainState(cfg, model, wrapped, ema, optimizers, device,
-                      cfg.train.global_batch_size // world, task.seq_len, targets, loss_fn)
+                      cfg.train.global_batch_size // world, task.seq_len, objective)
 
 
 def bf16_enabled(device: torch.device, bf16: bool | str) -> bool:
@@ -127,7 +96,7 @@ def train_step(state: TrainState, batch: dict[str, torch.Tensor]) -> dict[str, t
     state.wrapped.train()
     with autocast(state):
         state.carry, outputs = state.wrapped(state.carry, batch)
-        loss, metrics = _loss(state, outputs)
+        loss, metrics = state.objective(outputs, state.carry)
     # Official scaling: sum over the global batch / global batch size. DDP averages gradients
     # over ranks, so each rank divides by its local batch size.
     (loss / state.local_batch).backward()
@@ -145,24 +114,6 @@ def train_step(state: TrainState, batch: dict[str, torch.Tensor]) -> dict[str, t
     state.position.step += 1
     state.lr = lr
     return {k: v.detach().double() for k, v in metrics.items()}
-
-
-def _loss(state: TrainState, outputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The ACT loss of the step's outputs against the carry's rows, with the config's targets."""
-    carry, targets = state.carry, state.targets
-    data, labels = carry.current_data, carry.current_data["labels"]
-    halt_target = prior_targets = None
-    if targets.halt is not None:
-        judged = outputs.get("halt_logits", outputs["logits"])  # GRAM: a prior decode
-        halt_target = targets.halt(judged.detach().argmax(-1), data["inputs"], data["labels"])
-    if targets.labels is not None:
-        labels = targets.labels(outputs["logits"].detach().argmax(-1), data["inputs"], labels)
-    if "prior_logits" in outputs:  # matched here, eagerly: the matching runs on the CPU (scipy)
-        answers = outputs["prior_logits"].detach().argmax(-1)
-        prior_targets = (targets.prior(answers, data["inputs"], data["labels"]) if targets.prior is not None
-                         else matched_answers(answers, data["inputs"], labels)[0])
-    return state.loss_fn(outputs, labels, carry.halted, carry.steps, state.cfg.train.loss,
-                         halt_target=halt_target, inputs=data["inputs"], prior_targets=prior_targets)
 
 
 @contextmanager

@@ -20,7 +20,6 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from urm_ray.data.tasks.task import NumpySearch
 
@@ -31,6 +30,8 @@ AnswersOf = Callable[[np.ndarray], np.ndarray]
 def matched_targets(answers: np.ndarray, candidates: np.ndarray) -> np.ndarray:
     """Indices [m] into ``candidates`` [S, L] (S >= 1) for ``answers`` [m, L]: a minimum-cost
     assignment (cost = tokens that differ) in which each candidate serves at most ceil(m / S) rows."""
+    from scipy.optimize import linear_sum_assignment  # on first use: most processes never match
+
     copies = math.ceil(len(answers) / len(candidates))
     distance = (answers[:, None, :] != candidates[None, :, :]).sum(-1)  # [m, S]
     rows, cols = linear_sum_assignment(np.tile(distance, (1, copies)))

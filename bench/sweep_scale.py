@@ -91,6 +91,8 @@ SUGGEST_AT = (10, 100, 1000)  # finished trials in the study
 SUGGEST_ASKS = 5  # asks timed at each size (median)
 NODE_MEMORY = 256 * 1024**2  # object store per node: the trials share a few MB of data
 MAX_CONNECTIONS = 500  # PostgreSQL: every trial actor keeps its own pooled connections
+LOADED = 8.0  # 1-minute load average per core above which nodes do not join yet (see Sweep._add_nodes)
+ADD_WAIT_S = 300.0  # the longest nodes wait for that load to pass
 ACTOR_MIB = 700  # about the most a tiny trial's actor held here (torch, Ray, Ray Data, MLflow)
 PROFILE = "driver-2.prof"
 PROBE = "probe.json"
@@ -443,6 +445,8 @@ class Sweep:
         self.nodes_state = ""  # "removed", then "added"
         self.removed_at = (0.0, 0)  # (monotonic time, trials finished) when the nodes went
         self.nodes_out: dict[str, float] = {}  # how long, and the trials finished meanwhile
+        self.nodes_to_add: int | None = None  # of the nodes to add back, those not started yet
+        self.add_failures = 0  # node starts that timed out
         self.start = time.monotonic()
 
     def note(self, what: str) -> None:
@@ -497,12 +501,34 @@ class Sweep:
             self.nodes_state, self.removed_at = "removed", (time.monotonic(), finished)
             self.note(f"removed 2 nodes at {finished} trials finished")
         elif self.nodes_state == "removed" and time.monotonic() - self.removed_at[0] >= self.args.add_after:
-            for _ in range(2):
-                self.cluster.add_node(num_cpus=self.args.cpus_per_node, object_store_memory=NODE_MEMORY)
+            if not self._add_nodes(2):
+                return
             self.nodes_state = "added"
             self.nodes_out = {"seconds": time.monotonic() - self.removed_at[0],
-                              "finished_meanwhile": finished - self.removed_at[1]}
+                              "finished_meanwhile": finished - self.removed_at[1],
+                              "failed_starts": self.add_failures}
             self.note(f"2 nodes added back at {finished} trials finished")
+
+
+    def _add_nodes(self, count: int) -> bool:
+        """Start ``count`` fresh worker nodes; False to try again later. A raylet that does not
+        register within Ray's fixed 30 s fails its start: on a machine loaded by the restart of
+        the removed nodes' trials (load average 85 on 2 cores here) it does, so nodes join once
+        the 1-minute load average is below ``LOADED`` per core (at most ``ADD_WAIT_S`` late), and
+        a failed start is tried again (the failed node's processes are left to join late, or not)."""
+        late = time.monotonic() - self.removed_at[0] - self.args.add_after
+        if os.getloadavg()[0] > LOADED * (os.cpu_count() or 1) and late < ADD_WAIT_S:
+            return False
+        while self.nodes_to_add is None or self.nodes_to_add > 0:
+            self.nodes_to_add = count if self.nodes_to_add is None else self.nodes_to_add
+            try:
+                self.cluster.add_node(num_cpus=self.args.cpus_per_node, object_store_memory=NODE_MEMORY)
+            except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception on the timeout
+                self.add_failures += 1
+                self.note(f"a node failed to start ({err}); trying again")
+                return False
+            self.nodes_to_add -= 1
+        return True
 
 
 # --- after the sweep ----------------------------------------------------------------------------------
@@ -607,7 +633,8 @@ def render(report: dict[str, Any]) -> str:
         f"{o['n']} trials, {s['overhead_left_out']} on several actors left out; p50 by quarter "
         f"of trial numbers: {_fs(s['overhead_p50_s_by_quarter'])}",
         f"2 nodes out               {_f(s['nodes_out'].get('seconds'))} s, trials finished meanwhile: "
-        f"{s['nodes_out'].get('finished_meanwhile', '-')}",
+        f"{s['nodes_out'].get('finished_meanwhile', '-')}, failed node starts: "
+        f"{s['nodes_out'].get('failed_starts', '-')}",
         f"trial actor RSS (MiB)     p50 {_f(s['actor_rss_mib']['p50'])}, p99 {_f(s['actor_rss_mib']['p99'])}; "
         f"all actors at most {s['actors_rss_total_mib_max']:.0f} MiB ({s['actors_max']} actors)",
         "TPE suggest (ms)          " + ", ".join(f"{n} finished: {_f(v)}" for n, v in report["suggest_ms"].items()),

@@ -91,7 +91,12 @@ def test_restored_searcher_takes_over_trials_asked_after_its_checkpoint(space, t
     by_number = {c[TRIAL_KEY]: c for c in resumed}
     assert by_number[1] == lost_running and by_number[2] == lost_finished
     assert len(_study(tmp_path).trials) == 3  # nothing asked twice
+    reads = []
+    study_reads = second._ot_study.get_trials
+    second._ot_study.get_trials = lambda *args, **kwargs: reads.append(1) or study_reads(*args, **kwargs)
     assert second.suggest("f")[TRIAL_KEY] == 3  # then new trials as usual
+    assert second.suggest("g")[TRIAL_KEY] == 4
+    assert not reads  # the take-over scan read the study once, at the first suggestion
 
 
 def test_searcher_state_pickles(space, tmp_path: Path):

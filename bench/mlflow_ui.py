@@ -1,0 +1,156 @@
+"""What a person sees of a large sweep in the MLflow UI: the experiment page, opened in a real
+headless browser, timed, with a screenshot.
+
+    python bench/mlflow_ui.py --populate 1000 --shot ui.png          # a fresh SQLite store shaped like a sweep
+    python bench/mlflow_ui.py --tracking-uri postgresql://... --experiment sweep-s1 --shot ui.png
+
+With ``--populate N`` it first writes, into a new SQLite store in a temporary folder (or the
+store ``--tracking-uri`` names), one sweep the way ``urm-ray sweep`` records it: a parent run
+and N nested trial runs, each with the sweep's tags (parent, kind, sweep, trial, fate), a
+sampled config of 20 params, and 8 metrics logged at 3 steps. Then it starts ``mlflow server``
+on the store, opens the experiment's page in Chromium (Playwright, headless; ``--browser`` names
+the executable, default /usr/bin/chromium) and reports, over ``--rounds`` fresh page loads:
+
+- ``first_row_s``: from navigation until the runs table shows its first run;
+- ``loaded_s``: until the network is idle (every request the page made has finished);
+- the run rows the table shows, and the page's console errors.
+
+Needs ``pip install playwright`` (no browser download: it drives the system's Chromium).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+
+from urm_ray.tracking import FATE_TAG, KIND_TAG, PARENT_TAG, SWEEP_TAG, TRIAL_TAG
+
+FATES = ("completed", "pruned", "pruned", "completed", "failed")  # about a sweep's mix under ASHA
+METRICS = ("train/loss", "train/accuracy", "eval/exact_accuracy", "eval/token_accuracy", "eval/loss",
+           "time/train_s", "time/eval_s", "train/samples_per_s")
+
+
+def populate(uri: str, experiment: str, trials: int, seed: int = 0) -> str:
+    """One sweep's runs in ``experiment`` of ``uri``; returns the experiment id."""
+    rng = random.Random(seed)
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment(experiment)
+    parent = client.create_run(experiment_id, run_name=experiment, tags={KIND_TAG: "sweep", SWEEP_TAG: experiment})
+    now = int(time.time() * 1000)
+    for trial in range(trials):
+        run = client.create_run(experiment_id, run_name=f"{experiment}-t{trial:03d}", tags={
+            PARENT_TAG: parent.info.run_id, KIND_TAG: "trial", SWEEP_TAG: experiment, TRIAL_TAG: str(trial),
+            FATE_TAG: FATES[trial % len(FATES)]})
+        params = [Param(f"model.p{i}", str(rng.random())) for i in range(17)]
+        params += [Param("model.loops", str(rng.randint(2, 8))), Param("model.truncation", str(rng.randint(0, 2))),
+                   Param("optim.lr", f"{10 ** rng.uniform(-4, -2.5):.3g}")]
+        metrics = [Metric(key, rng.random(), now + step, step) for key in METRICS for step in (10, 20, 30)]
+        client.log_batch(run.info.run_id, metrics=metrics, params=params)
+        client.set_terminated(run.info.run_id)
+        if trial % 100 == 99:
+            print(f"populated {trial + 1}/{trials} runs", flush=True)
+    client.set_terminated(parent.info.run_id)
+    return experiment_id
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def serve(uri: str, artifacts: Path) -> tuple[subprocess.Popen, str]:
+    """``mlflow server`` on ``uri``; returns the process and its URL once it answers."""
+    import urllib.request
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+                               "--default-artifact-root", str(artifacts), "--host", "127.0.0.1",
+                               "--port", str(port), "--workers", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2)
+            return server, url
+        except OSError:
+            time.sleep(0.5)
+    server.kill()
+    raise RuntimeError(f"mlflow server on {uri} did not answer within 120 s")
+
+
+def open_page(url: str, browser_path: str, rounds: int, shot: Path | None) -> dict[str, Any]:
+    """Fresh page loads of ``url`` in headless Chromium: timings, rows shown, console errors."""
+    from playwright.sync_api import sync_playwright
+
+    first_rows, loaded, errors, rows = [], [], [], 0
+    with sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=browser_path, headless=True,
+                                         args=["--no-sandbox", "--disable-gpu"])
+        for attempt in range(rounds):
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+            start = time.perf_counter()
+            page.goto(url, wait_until="commit")
+            page.get_by_text("-t0", exact=False).first.wait_for(timeout=120_000)
+            first_rows.append(time.perf_counter() - start)
+            page.wait_for_load_state("networkidle", timeout=120_000)
+            loaded.append(time.perf_counter() - start)
+            rows = page.get_by_text("-t", exact=False).count()
+            if shot is not None and attempt == rounds - 1:
+                page.screenshot(path=str(shot), full_page=False)
+            page.close()
+        browser.close()
+    return {"first_row_s": statistics.median(first_rows), "loaded_s": statistics.median(loaded),
+            "rounds": rounds, "rows_shown": rows, "console_errors": sorted(set(errors))[:10]}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tracking-uri", default="", help="the store (default: a new SQLite file)")
+    parser.add_argument("--experiment", default="sweep-ui-bench")
+    parser.add_argument("--populate", type=int, default=0, help="first write a sweep of this many trials")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--browser", default="/usr/bin/chromium")
+    parser.add_argument("--shot", default="", help="save the last load's screenshot here (PNG)")
+    parser.add_argument("--json", default="")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="urm-ray-ui-") as folder:
+        uri = args.tracking_uri or f"sqlite:///{folder}/mlflow.db"
+        start = time.perf_counter()
+        if args.populate:
+            experiment_id = populate(uri, args.experiment, args.populate)
+        else:
+            experiment_id = MlflowClient(uri).get_experiment_by_name(args.experiment).experiment_id
+        populated_s = time.perf_counter() - start
+        runs = len(MlflowClient(uri).search_runs([experiment_id], max_results=50_000))
+        server, url = serve(uri, Path(folder) / "artifacts")
+        try:
+            report = open_page(f"{url}/#/experiments/{experiment_id}", args.browser, args.rounds,
+                               Path(args.shot) if args.shot else None)
+        finally:
+            server.terminate()
+            server.wait()
+    report = {"experiment": args.experiment, "runs": runs,
+              "populate_s": round(populated_s, 1) if args.populate else None, **report}
+    print(json.dumps(report, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()

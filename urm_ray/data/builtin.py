@@ -27,10 +27,6 @@ RECIPES: dict[str, Callable[[Path], object]] = {
     "sudoku6": lambda out: sudoku.build_generated(
         out, size=6, num_train=10000, num_test=1000, blanks=20, seed=0
     ),
-    # 9x9 Sudoku, 45 of 81 cells blank, unique solutions (about a minute to build).
-    "sudoku9": lambda out: sudoku.build_generated(
-        out, size=9, num_train=10000, num_test=1000, blanks=45, seed=0
-    ),
     # every 6-queens solution (4) as a label of the empty board, 512 copies each in train
     "nqueens6": lambda out: nqueens.build_unconditional(out, n=6, repeats=512),
     # every 8-queens solution (92) as a label of the empty board, 64 copies each in train

@@ -101,7 +101,10 @@ def open_page(url: str, experiment: str, browser_path: str, rounds: int, shot: P
     runs (the trials come collapsed under the sweep's parent run), then from a click on the
     parent's expand control until its first trial shows; what the table says, the trial rows
     then shown, the console's errors."""
-    from playwright.sync_api import sync_playwright
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        raise SystemExit("bench/mlflow_ui.py needs Playwright: pip install playwright") from None
 
     timings: dict[str, list[float]] = {"table_s": [], "expand_s": []}
     errors, rows, counted = [], 0, ""
@@ -148,7 +151,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.populate:
             experiment_id = populate(uri, args.experiment, args.populate)
         else:
-            experiment_id = MlflowClient(uri).get_experiment_by_name(args.experiment).experiment_id
+            found = MlflowClient(uri).get_experiment_by_name(args.experiment)
+            if found is None:
+                raise SystemExit(f"--experiment {args.experiment!r}: no such experiment in {uri} "
+                                 "(--populate N writes one)")
+            experiment_id = found.experiment_id
         populated_s = time.perf_counter() - start
         runs = len(MlflowClient(uri).search_runs([experiment_id], max_results=50_000))
         server, url = serve(uri, Path(folder) / "artifacts")

@@ -1,6 +1,7 @@
 """A tiny sweep end to end on the private 2-CPU Ray instance and an SQLite MLflow store (slow).
 
-One sweep of 3 trials (2 at a time) is interrupted with SIGINT (Ctrl-C) after its first finished
+One sweep of 3 trials (2 at a time) meets a fault of the cluster that ends Tune's loop (it goes
+on by itself from Tune's saved state), then is interrupted with SIGINT (Ctrl-C) after its first finished
 trial and resumed: it must end with exactly 3 trials in Optuna and 3 nested MLflow runs, at least
 one of them pruned by ASHA (PRUNED in Optuna, KILLED with its fate in MLflow), and a parent run
 holding the best config, the leaderboard and the plots; ``best`` exports a config that
@@ -74,6 +75,20 @@ class InterruptOnce(tune.Callback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
+class FaultOnce(tune.Callback):
+    """Once, at a trial's result after its first checkpoint, fail Tune's loop the way its actor
+    manager does on an actor task killed by Ray's memory monitor."""
+
+    def __init__(self, flag: Path) -> None:
+        self.flag = flag
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        if result.get("step", 0) >= 10 and not self.flag.exists():
+            self.flag.touch()
+            killed = ray.exceptions.OutOfMemoryError("1 worker(s) were killed due to the node running low on memory.")
+            raise RuntimeError(f"Caught unexpected exception: {killed}") from killed
+
+
 @pytest.fixture(scope="module")
 def ray_sweep():
     """The test run's Ray instance if a test already started one; else a private 2-CPU one whose
@@ -96,7 +111,9 @@ def sweep(ray_sweep, tmp_path_factory):
     uri = f"sqlite:///{root / 'mlflow.db'}"
     info, space = create_sweep(str(root / "tiny.yaml"), [f"data.path={data}", f"tracking.tracking_uri={uri}"],
                                name="tiny", root=str(root))
-    first = run_sweep(info, space, callbacks=[InterruptOnce(root / "interrupted")])
+    faulted = io.StringIO()
+    with contextlib.redirect_stdout(faulted):
+        first = run_sweep(info, space, callbacks=[FaultOnce(root / "faulted"), InterruptOnce(root / "interrupted")])
     stopped = {"runs": _children({"uri": uri, "info": info}),
                "trials": info.study().trials}  # as Ctrl-C left them, before the resume
     info, space = load_sweep("tiny", str(root))
@@ -104,7 +121,7 @@ def sweep(ray_sweep, tmp_path_factory):
     with contextlib.redirect_stdout(printed):
         second = run_sweep(info, space, resume=True)
     return {"root": root, "uri": uri, "info": info, "space": space, "first": first, "second": second,
-            "printed": printed.getvalue(), "stopped": stopped}
+            "printed": printed.getvalue(), "faulted": faulted.getvalue(), "stopped": stopped}
 
 
 def _children(sweep) -> list:
@@ -118,6 +135,12 @@ def test_a_sweep_prints_its_own_table_not_tunes_banner(sweep):
     assert "trials finished" in sweep["printed"]
     for tune_line in ("Configuration for experiment", "View detailed results", "tensorboard"):
         assert tune_line not in sweep["printed"], sweep["printed"][-2000:]
+
+
+def test_a_fault_of_the_cluster_does_not_end_the_sweep(sweep):
+    assert (sweep["root"] / "faulted").exists()
+    assert "Tune stopped on a fault of the cluster (OutOfMemoryError" in sweep["faulted"], sweep["faulted"][-2000:]
+    assert (sweep["root"] / "interrupted").exists()  # the restarted loop ran on to the Ctrl-C
 
 
 def test_interrupted_sweep_resumes_to_exactly_the_requested_trials(sweep):

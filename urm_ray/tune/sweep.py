@@ -29,6 +29,7 @@ import optuna
 import ray
 import yaml
 from ray import tune
+from ray.exceptions import RayError
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
 
 from urm_ray import heartbeat, tracking
@@ -47,6 +48,7 @@ from urm_ray.tune.trial import TrialContext, run_trial
 from urm_ray.typed import to_dict
 
 DEFAULT_ROOT = "sweeps"
+MAX_IDLE_RESTARTS = 2  # restarts in a row after a fault of the cluster that finished no trial
 
 
 @dataclass
@@ -158,11 +160,55 @@ def _run(info: SweepInfo, space: SearchSpace, resume: bool, callbacks: list[tune
     ctx = TrialContext(info.name, space, _trial_extra(info), info.tracking_uri, info.experiment,
                        info.parent_run_id)
     with heartbeat.beating(info.tracking_uri, info.parent_run_id):
-        _tuner(info, space, the_plan, ctx, resume, callbacks or []).fit()
+        _fit(info, space, the_plan, ctx, resume, callbacks or [])
     outcome = finish(info, space)
     if outcome.interrupted:
         record_interrupted(ctx, info.study(), resume_hint(info.name))
     return outcome
+
+
+def _fit(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContext, resume: bool,
+         callbacks: list[tune.Callback]) -> None:
+    """Tune's ``fit``, started again from Tune's saved state when a fault of the cluster ends it.
+
+    Tune's loop ends ``fit`` on some faults it could retry: an actor task killed by Ray's memory
+    monitor (``OutOfMemoryError``) re-raised as "Caught unexpected exception". The sweep then goes
+    on as ``--resume`` would, in this process: Tune's state brings its trials back, their
+    checkpoints resume them, and the searcher takes over Optuna trials asked after the last save.
+    It stops retrying after ``MAX_IDLE_RESTARTS`` restarts in a row that finished no trial.
+    """
+    idle, finished = 0, -1
+    while True:
+        try:
+            _tuner(info, space, the_plan, ctx, resume, callbacks).fit()
+            return
+        except Exception as exc:
+            fault = cluster_fault(exc)
+            if fault is None or not tune.Tuner.can_restore(str(info.path / "tune")):
+                raise
+            now = _finished(info)
+            idle = 0 if now > finished else idle + 1
+            if idle > MAX_IDLE_RESTARTS:
+                raise
+            finished, resume = now, True
+            print(f"sweep {info.name}: Tune stopped on a fault of the cluster "
+                  f"({type(fault).__name__}: {str(fault).splitlines()[0]}); {now} trials finished; "
+                  "going on from Tune's saved state", flush=True)
+
+
+
+def cluster_fault(exc: BaseException) -> RayError | None:
+    """The Ray error (a killed worker, a lost node) that caused ``exc``, if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, RayError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _finished(info: SweepInfo) -> int:
+    return sum(t.state.is_finished() for t in info.study().get_trials(deepcopy=False))
 
 
 def resume_hint(name: str) -> str:

@@ -35,7 +35,7 @@ def _space(checkpoint: str, **changes) -> dict:
                        {"metric": "eval/testtime/passes_per_puzzle", "mode": "min"}],
         "start_from": [{"eval.width": 1, "eval.noise": 0.0, "eval.select": "vote"}],
         "trials": TRIALS,
-        "resources": {"workers": 1, "cpus_per_worker": 0.75},
+        "resources": {"workers": 1, "cpus_per_worker": 0.4},
         "scheduler": {"name": "none"},
         "search": {"seed": 0, "startup_trials": 3},
         **changes,

@@ -122,7 +122,7 @@ def _wait_for_job(url: str, job_id: str, timeout: float) -> str:
 
 
 def test_ray_job_submit_runs_a_sweep(head: str, tmp_path: Path):
-    space = {**TINY_SPACE, "resources": {"workers": 1, "cpus_per_worker": 0.75}}
+    space = {**TINY_SPACE, "resources": {"workers": 1, "cpus_per_worker": 0.4}}
     space_file, data = write_tiny_sweep(tmp_path, space)
     sweep = ["urm-ray", "sweep", str(space_file), "--name", "job", "--dir", str(tmp_path / "sweeps"),
              f"data.path={data}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]

@@ -56,7 +56,7 @@ SPACE = {
         {"model.loops": 2, "model.truncation": 1, "optim.lr": 1.0e-4},
     ],
     "trials": 3,
-    "resources": {"workers": 1, "cpus_per_worker": 0.75},
+    "resources": {"workers": 1, "cpus_per_worker": 0.4},
     "scheduler": {"name": "asha", "grace_steps": 10, "reduction_factor": 2},
     "search": {"seed": 0, "startup_trials": 2},
     "final": {"top": 1, "seeds": 2, "overrides": {"train.steps": 20}},
@@ -219,7 +219,7 @@ def test_best_config_is_exported_and_trainable(sweep, capsys):
                key=lambda t: t.value)
     assert cfg.optim.lr == best.params["optim.lr"] and cfg.model.loops == best.params["model.loops"]
     assert cfg.train.steps == 30
-    # the trials ran on 0.75 CPU with train.device=cpu; the exported config keeps the base's
+    # the trials ran on 0.4 CPU with train.device=cpu; the exported config keeps the base's
     base = load_config("sudoku4-urm").train
     assert (cfg.train.cpus_per_worker, cfg.train.device) == (base.cpus_per_worker, base.device)
 
@@ -241,7 +241,7 @@ def test_final_reruns_seeds_trains_and_registers(sweep, caplog):
     assert len(rechecks) == 4 and f"last 1/1 {winner} seed" in rechecks[-1]  # 2 starts, 2 ends
     client = MlflowClient(sweep["uri"])
     run = client.get_run(outcome.run_id)
-    base = load_config("sudoku4-urm").train  # the final run's resources: not the trials' 0.75 CPU
+    base = load_config("sudoku4-urm").train  # the final run's resources: not the trials' 0.4 CPU
     assert run.data.params["train.cpus_per_worker"] == str(base.cpus_per_worker)
     final_parent = client.get_run(run.data.tags["mlflow.parentRunId"])
     assert final_parent.data.tags["mlflow.parentRunId"] == sweep["info"].parent_run_id

@@ -1,12 +1,12 @@
 """Ray Data pipeline from a dataset folder to torch batches (the only module that imports ray.data).
 
     split files -> the object store, once    stored originals: read on the driver and put there
-           as blocks made on the driver when small (milliseconds), else read_parquet(...).materialize()
+           with from_arrow when small (milliseconds), else read_parquet(...).materialize()
       -> map_batches(pyarrow -> numpy, expand, augment)      re-executed on every pass (epoch)
            each puzzle becomes `num_augmentations` rows (aug index 0 = original), augmented with the
            task's augmentation (`tasks.registry`), deterministic per (puzzle_index, aug_index,
            shuffle_seed), and put in a seeded order inside the block
-    versioned tasks (ARC) instead: block numbers -> map_batches(a block of aug indices applied to
+    versioned tasks (ARC) instead: range(blocks) -> map_batches(a block of aug indices applied to
            every stored pair, see `tasks.arc.augment`): one version per (task, aug index), one
            puzzle identifier per version, grids translated on the canvas
       -> iter_torch_batches(local shuffle seeded by (seed, epoch))
@@ -26,9 +26,8 @@ import dataclasses
 import logging
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,9 +55,6 @@ if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger("urm_ray.data")
-
-TaskArgs = Mapping[str, Any]  # Ray remote args of a dataset's read and map tasks
-NO_TASK_ARGS: TaskArgs = MappingProxyType({})
 
 # Puzzles per map_batches call; each call's rows are put in a seeded random order.
 MAP_BATCH_PUZZLES = 4096
@@ -115,7 +111,7 @@ def ingest_options() -> ray.data.ExecutionOptions:
     return ray.data.ExecutionOptions(preserve_order=True)
 
 
-def _read_split(cfg: DataConfig, meta: DatasetMeta, split: str, task_args: TaskArgs) -> ray.data.Dataset:
+def _read_split(cfg: DataConfig, meta: DatasetMeta, split: str) -> ray.data.Dataset:
     """The stored rows of `split`, read once into the object store (one block per file).
 
     Materialized because every pass (epoch) re-executes the whole pipeline, and listing and
@@ -123,10 +119,9 @@ def _read_split(cfg: DataConfig, meta: DatasetMeta, split: str, task_args: TaskA
     files = split_paths(cfg.path, meta, split)
     small = all("://" not in f for f in files) and sum(os.path.getsize(f) for f in files) <= DRIVER_READ_BYTES
     if small:
-        # blocks made here (from_arrow would ask a whole CPU for a metadata task per table)
-        ds = ray.data.from_blocks([pq.read_table(f) for f in files])
+        ds = ray.data.from_arrow([pq.read_table(f) for f in files])
     else:
-        ds = ray.data.read_parquet(files, file_extensions=None, ray_remote_args=dict(task_args))
+        ds = ray.data.read_parquet(files, file_extensions=None)
     ds.context.execution_options.preserve_order = True
     ds.context.target_max_block_size = BLOCK_BYTES
     ds.context.enable_progress_bars = False  # one bar per epoch and split floods training logs
@@ -192,7 +187,7 @@ def _log_few_versions(table: arc.TaskTable, num_augmentations: int) -> None:
                     len(few), len(table.records), num_augmentations, fewest)
 
 
-def _arc_train_dataset(cfg: DataConfig, task_args: TaskArgs) -> ray.data.Dataset:
+def _arc_train_dataset(cfg: DataConfig) -> ray.data.Dataset:
     """ARC training rows, aug-index-major: the stored pairs are few (thousands) and K large (1000
     in the papers), so each map task applies a block of aug indices to every stored pair; the
     stream then mixes all tasks from the first batch on."""
@@ -202,15 +197,14 @@ def _arc_train_dataset(cfg: DataConfig, task_args: TaskArgs) -> ray.data.Dataset
     tasks = dataclasses.replace(table, records=[])  # arrays only
     per_block = max(1, ARC_ROWS_PER_BLOCK // max(len(stored["inputs"]), 1))
     num_blocks = len(_aug_blocks(cfg.num_augmentations, per_block, cfg.shuffle_seed))
-    # the block numbers in memory, one per block: no read tasks
-    ds = ray.data.from_items([{"id": block} for block in range(num_blocks)], override_num_blocks=num_blocks)
+    ds = ray.data.range(num_blocks, override_num_blocks=num_blocks)
     ds.context.execution_options.preserve_order = True
     ds.context.target_max_block_size = BLOCK_BYTES
     ds.context.enable_progress_bars = False
     kwargs = {"stored": stored, "num_augmentations": cfg.num_augmentations,
               "per_block": per_block, "seed": cfg.shuffle_seed, "tasks": tasks,
               "translate": cfg.translate is not False}  # auto translates ARC grids
-    return ds.map_batches(_augment_arc_block, batch_size=1, fn_kwargs=kwargs, **task_args)
+    return ds.map_batches(_augment_arc_block, batch_size=1, fn_kwargs=kwargs)
 
 
 def _originals(table: pa.Table, num_augmentations: int = 0) -> dict[str, np.ndarray]:
@@ -261,33 +255,30 @@ def _row_augmentation(cfg: DataConfig, meta: DatasetMeta, task: PuzzleTask) -> T
     return task.augment
 
 
-def train_dataset(cfg: DataConfig, task_args: TaskArgs = NO_TASK_ARGS) -> ray.data.Dataset:
-    """The training split; one pass yields every (puzzle, aug index) pair once. ``task_args``: Ray
-    remote args of its tasks (a sweep trial's put them in its own placement group), else Ray
-    Data's defaults (a whole CPU, anywhere in the cluster)."""
+def train_dataset(cfg: DataConfig) -> ray.data.Dataset:
+    """The training split; one pass yields every (puzzle, aug index) pair once."""
     meta = load_meta(cfg)
     task = registry.of(meta)
     if cfg.augment and task.versioned:
-        return _arc_train_dataset(cfg, task_args)
+        return _arc_train_dataset(cfg)
     kwargs = {
         "augment": _row_augmentation(cfg, meta, task),
         "num_augmentations": augmentation_slots(cfg),
         "seed": cfg.shuffle_seed,
     }
     warn_if_not_intended(cfg, meta)
-    return _read_split(cfg, meta, "train", task_args).map_batches(
-        _expand_augment, batch_format="pyarrow", batch_size=MAP_BATCH_PUZZLES, fn_kwargs=kwargs,
-        **task_args,
+    return _read_split(cfg, meta, "train").map_batches(
+        _expand_augment, batch_format="pyarrow", batch_size=MAP_BATCH_PUZZLES, fn_kwargs=kwargs
     )
 
 
-def eval_dataset(cfg: DataConfig, task_args: TaskArgs = NO_TASK_ARGS) -> ray.data.Dataset:
-    """The original puzzles of `cfg.eval_split`, in stored order (``task_args``: as `train_dataset`)."""
+def eval_dataset(cfg: DataConfig) -> ray.data.Dataset:
+    """The original puzzles of `cfg.eval_split`, in stored order."""
     meta = load_meta(cfg)
     slots = augmentation_slots(cfg) if registry.of(meta).versioned else 0
-    return _read_split(cfg, meta, cfg.eval_split, task_args).map_batches(
+    return _read_split(cfg, meta, cfg.eval_split).map_batches(
         _originals, batch_format="pyarrow", batch_size=MAP_BATCH_PUZZLES,
-        fn_kwargs={"num_augmentations": slots}, **task_args,
+        fn_kwargs={"num_augmentations": slots},
     )
 
 

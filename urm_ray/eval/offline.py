@@ -109,15 +109,13 @@ def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0, 
 
 
 def evaluate_testtime_checkpoint(folder: str | Path, settings: EvalConfig, split: str = "",
-                                 max_rows: int = 0, live: bool = False,
-                                 task_args: stream.TaskArgs = stream.NO_TASK_ARGS) -> dict[str, Any]:
+                                 max_rows: int = 0, live: bool = False) -> dict[str, Any]:
     """A checkpoint under test-time ``settings`` (``eval.testtime``) on a split of its dataset:
-    accuracies by each selection, passes and seconds per puzzle, the depth and width curves.
-    ``task_args``: Ray remote args of the dataset's tasks (see ``stream.eval_dataset``)."""
+    accuracies by each selection, passes and seconds per puzzle, the depth and width curves."""
     cfg, model, step = _load(folder)
     with testtime.applied(model, settings):  # fails on settings the model cannot take, before the data
         data_cfg = replace(cfg.data, eval_split=split or cfg.data.eval_split)
-        dataset = stream.eval_dataset(data_cfg, task_args)
+        dataset = stream.eval_dataset(data_cfg)
         if max_rows:
             dataset = dataset.limit(max_rows)
         meta = stream.load_meta(cfg.data)

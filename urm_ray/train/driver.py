@@ -146,13 +146,12 @@ def _alone(cfg: RunConfig) -> bool:
             and not cfg.train.worker_resources and "://" not in cfg.train.storage_path)
 
 
-def datasets(cfg: RunConfig, task_args: stream.TaskArgs = stream.NO_TASK_ARGS) -> dict[str, Any]:
-    """The run's Ray Datasets: "train" (augmented on the fly) and "eval" (held-out originals);
-    ``task_args``: Ray remote args of their tasks (see ``stream.train_dataset``)."""
-    eval_ds = stream.eval_dataset(cfg.data, task_args)
+def datasets(cfg: RunConfig) -> dict[str, Any]:
+    """The run's Ray Datasets: "train" (augmented on the fly) and "eval" (held-out originals)."""
+    eval_ds = stream.eval_dataset(cfg.data)
     if cfg.train.eval_max_rows:
         eval_ds = eval_ds.limit(cfg.train.eval_max_rows)
-    return {"train": stream.train_dataset(cfg.data, task_args), "eval": eval_ds}
+    return {"train": stream.train_dataset(cfg.data), "eval": eval_ds}
 
 
 def build_trainer(cfg: RunConfig, run_id: str | None, gpu: bool, callbacks: list[Any] | None = None,
@@ -286,14 +285,12 @@ def _train_here(cfg: RunConfig, meta: DatasetMeta, run_id: str | None, gpu: bool
     return host.metrics, None if host.latest is None else ray.train.Checkpoint(str(host.latest))
 
 
-def fit_in_trial(cfg: RunConfig, tags: dict[str, str], params: dict[str, Any], to_tune: TuneFilter,
-                 task_args: stream.TaskArgs) -> None:
+def fit_in_trial(cfg: RunConfig, tags: dict[str, str], params: dict[str, Any], to_tune: TuneFilter) -> None:
     """A sweep's one-worker trial, trained in its Tune trial actor through the same loop: it
-    reports to Tune and checkpoints through ``tune.report``; Tune retries and resumes it.
-    ``task_args``: where its Ray Data tasks run (its placement group's data bundle)."""
+    reports to Tune and checkpoints through ``tune.report``; Tune retries and resumes it."""
     cfg, meta = prepare(cfg)
     run_id = open_mlflow_run(cfg, meta, tags, params)
-    host = TrialHost(datasets(cfg, task_args), to_tune)
+    host = TrialHost(datasets(cfg), to_tune)
     device = torch.device("cuda", 0) if cfg.train.device == "cuda" else torch.device("cpu")
     try:
         with heartbeat.beating(cfg.tracking.tracking_uri, run_id):

@@ -34,7 +34,7 @@ from urm_ray.tracking import KIND_TAG, SWEEP_TAG, TRIAL_TAG
 from urm_ray.tune.final_view import RecheckProgress, run_label
 from urm_ray.tune.info import SweepInfo
 from urm_ray.tune.report import BEST_FILE, best_config, ranked
-from urm_ray.tune.resources import data_task_args, trial_bundles, without_resources
+from urm_ray.tune.resources import trial_bundles, without_resources
 from urm_ray.tune.space import SearchSpace
 from urm_ray.tune.sweep import DEFAULT_ROOT, load_sweep
 from urm_ray.typed import to_dict
@@ -129,8 +129,7 @@ def _seed_run(config: dict[str, Any], runs: dict[str, tuple[int, dict[str, Any]]
     number, data = runs[config["run"]]
     cfg, tags = build_config(data), {**tags, TRIAL_TAG: str(number)}
     if cfg.train.num_workers == 1:
-        fit_in_trial(cfg, tags, {}, lambda metrics, _: {metric: metrics[metric]} if metric in metrics else None,
-                     data_task_args())
+        fit_in_trial(cfg, tags, {}, lambda metrics, _: {metric: metrics[metric]} if metric in metrics else None)
         return
     result = fit(cfg, tags=tags)
     ray.tune.report({metric: result.metrics.get(metric, float("nan"))})

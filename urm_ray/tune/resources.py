@@ -1,19 +1,16 @@
 """Resource plan of a sweep: CPU/GPU shares of trials, workers and Ray Data, and concurrency.
 
-A one-worker trial trains in its Tune trial actor, which holds the worker's resources, and runs
-its own Ray Data tasks in a second bundle of its placement group (``DATA_TASK_CPUS``, one task at
-a time): its data never waits on CPUs that other trials hold, so a cluster that shrinks (spot
-nodes reclaimed) slows the sweep down but never stalls it. A trial of several workers is a Tune
-actor that only waits on its Ray Train controller (a small CPU share, ``TRIAL_CPUS``) plus
-``workers`` Ray Train workers; Ray Train runs the data tasks outside the trials' placement groups
-and they ask for a whole CPU each, so one CPU (``DATA_CPUS``) is kept out of those trials' reach.
-So, with C CPUs and G GPUs:
+A one-worker trial trains in its Tune trial actor, which holds the worker's resources. A trial
+of several workers is a Tune actor that only waits on its Ray Train controller (a small CPU
+share, ``TRIAL_CPUS``) plus ``workers`` Ray Train workers. Ray Data's map tasks ask for one whole
+CPU each (Ray's default) and run between worker steps, so one CPU (``DATA_CPUS``) is kept out of
+the trials' reach; without it the trials hold every CPU, the data tasks wait, and the sweep
+hangs. So, with C CPUs and G GPUs:
 
-    concurrency * trial CPUs                 <= C - kept CPUs
+    concurrency * trial CPUs                 <= C - DATA_CPUS
     concurrency * workers * gpus_per_worker  <= G
 
-where a trial's CPUs are cpus_per_worker + DATA_TASK_CPUS (one worker, nothing kept) or
-TRIAL_CPUS + workers * cpus_per_worker (DATA_CPUS kept).
+where a trial's CPUs are cpus_per_worker (one worker) or TRIAL_CPUS + workers * cpus_per_worker.
 
 A space whose single trial does not fit fails here, saying what is missing.
 """
@@ -23,17 +20,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import ray
 from ray import tune
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from urm_ray.errors import ConfigError
 from urm_ray.tune.space import Resources
 
 TRIAL_CPUS = 0.1  # the Tune trial actor: builds the trainer, then waits on it
-DATA_CPUS = 1.0  # one Ray Data map task (num_cpus=1 by default), shared by all Ray Train trials
-DATA_TASK_CPUS = 0.25  # a one-worker trial's own Ray Data tasks: the second bundle of its group
-DATA_BUNDLE = 1
+DATA_CPUS = 1.0  # one Ray Data map task (num_cpus=1 by default), shared by all trials
 _EPS = 1e-9  # float slack: 2 * 0.45 + 0.1 must count as <= 1.0
 RESOURCE_KEYS = ("train.num_workers", "train.cpus_per_worker", "train.gpus_per_worker",
                  "train.device", "train.torch_threads")  # and train.worker_resources.*
@@ -55,13 +48,12 @@ class Plan:
 
     def trial_resources(self) -> tune.PlacementGroupFactory:
         """What Tune reserves for one trial: the worker itself (one worker, trained in the trial
-        actor) and its data tasks' bundle, or the trial actor and its Ray Train workers (placed
-        by Ray Train)."""
+        actor), or the trial actor and its Ray Train workers (placed by Ray Train)."""
         if self.workers == 1:
             bundle = {"CPU": self.cpus_per_worker, **dict(self.custom)}
             if self.gpus_per_worker:
                 bundle["GPU"] = self.gpus_per_worker
-            return tune.PlacementGroupFactory([bundle, {"CPU": DATA_TASK_CPUS}])
+            return tune.PlacementGroupFactory([bundle])
         return tune.PlacementGroupFactory([{"CPU": TRIAL_CPUS}])
 
     def train_overrides(self) -> dict[str, object]:
@@ -77,11 +69,10 @@ class Plan:
 
     def describe(self, cluster: dict[str, float]) -> str:
         gpu = f", {self.workers * self.gpus_per_worker:g} GPU" if self.gpus_per_worker else ""
-        where = (f"trained in the trial actor, + {DATA_TASK_CPUS:g} CPU for its Ray Data tasks"
-                 if self.workers == 1
-                 else f"+ {self.trial_cpus:g} CPU for the trial actor; {DATA_CPUS:g} CPU left for Ray Data")
+        where = ("trained in the trial actor" if self.workers == 1
+                 else f"+ {self.trial_cpus:g} CPU for the trial actor")
         return (f"{self.concurrency} concurrent trial(s), each {self.workers} worker(s) x "
-                f"{self.cpus_per_worker:g} CPU{gpu} ({where}); "
+                f"{self.cpus_per_worker:g} CPU{gpu} ({where}); {DATA_CPUS:g} CPU left for Ray Data; "
                 f"cluster: {cluster.get('CPU', 0):g} CPU, {cluster.get('GPU', 0):g} GPU")
 
 
@@ -90,8 +81,7 @@ def plan(cluster: dict[str, float], res: Resources, requested: int, trials: int)
     cpus, gpus = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
     per_trial_cpu = trial_cpus(res.workers, res.cpus_per_worker)
     per_trial_gpu = res.workers * res.gpus_per_worker
-    kept = kept_cpus(res.workers)
-    fit_cpu = math.floor((cpus - kept + _EPS) / per_trial_cpu) if cpus > kept else 0
+    fit_cpu = math.floor((cpus - DATA_CPUS + _EPS) / per_trial_cpu) if cpus > DATA_CPUS else 0
     fit_gpu = math.floor((gpus + _EPS) / per_trial_gpu) if per_trial_gpu else fit_cpu
     fits = min(fit_cpu, fit_gpu)
     for name, amount in res.custom.items():  # e.g. one "spot_gpu" per node: one worker per node
@@ -101,12 +91,12 @@ def plan(cluster: dict[str, float], res: Resources, requested: int, trials: int)
     custom = tuple(sorted((name, float(amount)) for name, amount in res.custom.items()))
     if requested > fits:
         raise ConfigError(
-            f"concurrency={requested} needs {requested * per_trial_cpu + kept:g} CPUs"
+            f"concurrency={requested} needs {requested * per_trial_cpu + DATA_CPUS:g} CPUs"
             + (f" and {requested * per_trial_gpu:g} GPUs" if per_trial_gpu else "")
             + f"; the cluster has {cpus:g} CPUs, {gpus:g} GPUs: at most {fits} trial(s) fit"
         )
     concurrency = min(requested or fits, trials)
-    threads = max(1, math.floor((cpus - kept) / (concurrency * res.workers) + _EPS))
+    threads = max(1, math.floor((cpus - DATA_CPUS) / (concurrency * res.workers) + _EPS))
     if not res.gpus_per_worker:
         threads = min(threads, max(1, math.ceil(res.cpus_per_worker)))
     return Plan(res.workers, res.cpus_per_worker, res.gpus_per_worker, TRIAL_CPUS, concurrency,
@@ -114,24 +104,8 @@ def plan(cluster: dict[str, float], res: Resources, requested: int, trials: int)
 
 
 def trial_cpus(workers: int, cpus_per_worker: float) -> float:
-    """The CPUs one trial holds: its worker's in the trial actor and its data tasks', or the
-    actor's and its workers'."""
-    return cpus_per_worker + DATA_TASK_CPUS if workers == 1 else TRIAL_CPUS + workers * cpus_per_worker
-
-
-def kept_cpus(workers: int) -> float:
-    """The CPUs kept out of the trials' reach: Ray Data's, for trials of Ray Train workers."""
-    return 0.0 if workers == 1 else DATA_CPUS
-
-
-def data_task_args() -> dict[str, object]:
-    """Ray remote args of a one-worker trial's Ray Data tasks, called in its trial actor: they run
-    in its placement group's data bundle (Ray Data's defaults outside a placement group)."""
-    group = ray.util.get_current_placement_group()
-    if group is None:
-        return {}
-    return {"num_cpus": DATA_TASK_CPUS, "scheduling_strategy": PlacementGroupSchedulingStrategy(
-        group, placement_group_bundle_index=DATA_BUNDLE)}
+    """The CPUs one trial holds: its worker's in the trial actor, or the actor's and its workers'."""
+    return cpus_per_worker if workers == 1 else TRIAL_CPUS + workers * cpus_per_worker
 
 
 def is_resource_key(key: str) -> bool:
@@ -147,9 +121,8 @@ def without_resources(overrides: dict[str, object]) -> dict[str, object]:
 def trial_bundles(res: Resources, trials: int) -> list[dict[str, float]]:
     """What ``trials`` concurrent trials ask of the cluster, as autoscaler bundles (one per actor)."""
     worker = {"CPU": res.cpus_per_worker, "GPU": res.gpus_per_worker, **res.custom}
-    if res.workers == 1:
-        return [bundle for _ in range(trials) for bundle in (dict(worker), {"CPU": DATA_TASK_CPUS})]
-    return [{"CPU": DATA_CPUS}] + trials * ([{"CPU": TRIAL_CPUS}] + res.workers * [dict(worker)])
+    actor = [] if res.workers == 1 else [{"CPU": TRIAL_CPUS}]
+    return [{"CPU": DATA_CPUS}] + trials * (actor + res.workers * [dict(worker)])
 
 
 def _missing(cluster: dict[str, float], res: Resources, cpu: float, gpu: float) -> str:
@@ -162,9 +135,7 @@ def _missing(cluster: dict[str, float], res: Resources, cpu: float, gpu: float) 
         return (f"one trial needs {gpu:g} GPUs (resources.workers={res.workers} x "
                 f"resources.gpus_per_worker={res.gpus_per_worker:g}); the cluster has {gpus:g}")
     actor = "" if res.workers == 1 else f"{TRIAL_CPUS:g} for the trial actor + "
-    data = (f" + {DATA_TASK_CPUS:g} for its Ray Data tasks" if res.workers == 1
-            else f" + {DATA_CPUS:g} kept for Ray Data")
-    kept = kept_cpus(res.workers)
-    return (f"one trial needs {cpu + kept:g} CPUs ({actor}"
+    return (f"one trial needs {cpu + DATA_CPUS:g} CPUs ({actor}"
             f"resources.workers={res.workers} x resources.cpus_per_worker={res.cpus_per_worker:g}"
-            f"{data}); the cluster has {cpus:g}: {cpu + kept - cpus:g} CPU missing")
+            f" + {DATA_CPUS:g} kept for Ray Data); the cluster has {cpus:g}: "
+            f"{cpu + DATA_CPUS - cpus:g} CPU missing")

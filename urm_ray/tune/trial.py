@@ -20,7 +20,6 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from urm_ray import tracking
 from urm_ray.tracking import FATE_TAG, KIND_TAG, REASON_TAG, SWEEP_TAG, TRIAL_TAG
-from urm_ray.tune.resources import data_task_args
 from urm_ray.tune.search import TRIAL_KEY
 from urm_ray.tune.space import SearchSpace
 
@@ -64,7 +63,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
         _evaluate(ctx, cfg, name, tags, params, values)
         return
     if cfg.train.num_workers == 1:
-        fit_in_trial(cfg, tags, params, partial(DerivedReport.for_tune, ctx.space, values), data_task_args())
+        fit_in_trial(cfg, tags, params, partial(DerivedReport.for_tune, ctx.space, values))
         return
     result = fit(cfg, tags=tags, callbacks=[DerivedReport(ctx.space, values)], params=params)
     if result.metrics.get("step") == cfg.train.steps:
@@ -87,8 +86,7 @@ def _evaluate(ctx: TrialContext, cfg: Any, name: str, tags: dict[str, str], para
 
     torch.set_num_threads(torch_threads(cfg.train))
     report = offline.evaluate_testtime_checkpoint(ctx.space.spec.checkpoint, cfg.eval,
-                                                  max_rows=cfg.train.eval_max_rows,
-                                                  task_args=data_task_args())
+                                                  max_rows=cfg.train.eval_max_rows)
     uri = ctx.tracking_uri
     run_id = tracking.find_run_id(uri, ctx.experiment, name) or tracking.open_run(
         uri, ctx.experiment, name, params, tags)

@@ -646,6 +646,8 @@ def render(report: dict[str, Any]) -> str:
         f"kill and resume           killed at {kill['finished']} finished; resume: first step "
         f"{_f(resume['first_step_s'])} s, first new trial {_f(resume['first_asked_s'])} s, "
         f"done in {resume['wall_s']:.0f} s",
+        f"sweep restarted by itself {len(report['driver_restarts'])} time(s) after a fault of the cluster"
+        + "".join(f"\n  {line}" for line in report["driver_restarts"]),
         f"load average              start {_load(report['machine_start'])}, end {_load(report['machine_end'])}",
         report["audit"],
         *(["the resumed driver's main thread (cProfile, wall time):", *report["driver_profile"]] if report.get("driver_profile") else []),
@@ -725,6 +727,8 @@ def gather(args: argparse.Namespace, work: Path, dbs: Databases) -> dict[str, An
              "tune_experiment_state": snapshots[-1].stat().st_size if snapshots else 0,
              "drivers_output": sum(p.stat().st_size for p in work.glob("sweep-*.log"))}
     audit = audit_sweep(info, args.trials)
+    restarts = [line for log in sorted(work.glob("sweep-*.log"))
+                for line in log.read_text(errors="replace").splitlines() if RESTART_LINE in line]
     return {
         "segments": read_segments(info.path / "tune", ("time/train_s", "time/eval_s"),
                                   dbs.trial_ends(info.experiment)),
@@ -732,10 +736,13 @@ def gather(args: argparse.Namespace, work: Path, dbs: Databases) -> dict[str, An
         "suggest_ms": suggest_latency(work),
         "mlflow_probe": probe_summary(work / PROBE),
         "audit": audit.render(), "audit_ok": audit.ok, "audit_s": audit.seconds,
+        "driver_restarts": restarts,
         "driver_profile": profile_top(work / PROFILE) if args.profile else [],
         "args": vars(args),
     }
 
+
+RESTART_LINE = "Tune stopped on a fault of the cluster"  # what urm-ray sweep prints when it goes on
 
 # where the driver's time goes: (file, function) of the profile -> what it does
 PROFILED = {

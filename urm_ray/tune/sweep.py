@@ -196,13 +196,14 @@ def _fit(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContext,
                   "going on from Tune's saved state", flush=True)
 
 
-
 def cluster_fault(exc: BaseException) -> RayError | None:
     """The Ray error (a killed worker, a lost node) that caused ``exc``, if any."""
     seen: BaseException | None = exc
-    while seen is not None:
+    visited: set[int] = set()
+    while seen is not None and id(seen) not in visited:  # a chain may loop back on itself
         if isinstance(seen, RayError):
             return seen
+        visited.add(id(seen))
         seen = seen.__cause__ or seen.__context__
     return None
 

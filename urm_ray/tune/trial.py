@@ -11,6 +11,7 @@ records its fate is not trained again.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -25,6 +26,11 @@ from urm_ray.tune.space import SearchSpace
 
 STEP_TAG = "urm_ray.fate_step"  # the training step the trial stopped at
 INTERRUPTED = "interrupted"  # the fate of a trial the sweep's Ctrl-C stopped, until a resume
+# How long a reused trial actor waits for its stopped trial to finish before the next one starts
+# (Tune's default: 2 s). A trial stopped by its scheduler closes its MLflow run on the way out;
+# a loaded tracking database can take longer than 2 s, and Tune then fails the next trial
+# ("Could not re-use actor").
+STOPPED_TRIAL_WAIT_S = 120
 
 
 @dataclass(frozen=True)
@@ -48,9 +54,16 @@ def split_config(config: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     return int(config[TRIAL_KEY]), {k: v for k, v in config.items() if k != TRIAL_KEY}
 
 
+def allow_slow_stops() -> None:
+    """Let this trial actor wait ``STOPPED_TRIAL_WAIT_S`` for a stopped trial's clean-up (Tune reads
+    the setting in the actor when it reuses it for the next trial), unless the user set it."""
+    os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", str(STOPPED_TRIAL_WAIT_S))
+
+
 def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     from urm_ray.train.driver import fit, fit_in_trial  # the driver imports torch; keep this module light
 
+    allow_slow_stops()
     number, values = split_config(config)
     name = trial_run_name(ctx.sweep, number)
     if _replay_finished(ctx, name, values):

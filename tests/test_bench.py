@@ -125,3 +125,15 @@ def test_width_bench_replays_every_trajectorys_products(tmp_path: Path):
     assert one["over_n1"] == 1.0
     for row in (one, three):
         assert row["ms"] > 0 and row["matmul_ms"] > 0 and row["floor_over_n1"] > 0
+
+
+def test_vs_official_ratios_are_per_round_medians_after_the_skipped_rounds():
+    spec = importlib.util.spec_from_file_location(
+        "vs_official", Path(__file__).resolve().parents[1] / "bench" / "vs_official.py")
+    vs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vs)
+    seconds = {"ours": [9.0, 1.0, 2.0, 1.0], "official32": [9.0, 1.5, 2.0, 3.0]}
+    summary = vs.summarize(seconds, rows=8, skip=1)
+    assert summary["samples_per_s"] == pytest.approx({"ours": 8.0, "official32": 4.0})
+    assert summary["ratios"]["ours/official32"] == pytest.approx({"median": 1.5, "min": 1.0, "max": 3.0})
+    assert list(summary["ratios"]) == ["ours/official32"]  # only pairs with both sides

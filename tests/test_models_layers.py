@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from urm_ray.models.layers import (
     Attention,
     ConvSwiGLU,
+    PLAIN_ATTENTION_BELOW,
     PuzzleEmbedding,
     RMSNorm,
     RotaryEmbedding,
@@ -104,19 +105,34 @@ def test_puzzle_embedding_train_copy_and_eval_table():
 
 
 def test_attention_runs_in_float32_under_cpu_bf16_autocast():
-    """CPU bf16 autocast would run SDPA (and its slow backward) in bf16; attend keeps it float32."""
+    """CPU bf16 autocast would run attention (and its slow backward) in bf16; attend keeps it float32."""
     q, k, v = (torch.randn(2, 3, 5, 8, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = attend(q, k, v)
         in_bf16 = F.scaled_dot_product_attention(q, k, v)
     assert out.dtype == torch.float32 and in_bf16.dtype == torch.bfloat16
     expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
-    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
     out.sum().backward()
     assert q.grad.dtype == torch.bfloat16 and q.grad.abs().sum() > 0
-    plain = torch.randn(2, 3, 5, 8)  # no autocast: SDPA as it is
-    torch.testing.assert_close(attend(plain, plain, plain),
-                               F.scaled_dot_product_attention(plain, plain, plain), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("length", [5, 82, PLAIN_ATTENTION_BELOW - 1, PLAIN_ATTENTION_BELOW, 200])
+def test_cpu_attention_equals_sdpa_plain_below_the_threshold_and_sdpa_itself_from_it(length: int):
+    """Below ``PLAIN_ATTENTION_BELOW`` positions attend computes plain attention on CPU: SDPA's
+    values and gradients up to float rounding, not bit for bit; from it on, SDPA itself."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, length, 16, requires_grad=True) for _ in range(3))
+    grad = torch.randn(2, 4, length, 16)
+    out = attend(q, k, v)
+    ours = torch.autograd.grad(out, (q, k, v), grad)
+    expected = F.scaled_dot_product_attention(q, k, v)
+    theirs = torch.autograd.grad(expected, (q, k, v), grad)
+    exact = length >= PLAIN_ATTENTION_BELOW
+    tol = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(out, expected, **tol)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, **tol)
 
 
 # The hand-written Functions of urm_ray.models.fused against autograd of their plain formulas

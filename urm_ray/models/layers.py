@@ -110,16 +110,33 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))  # [B, T, D]
 
 
+# On CPU, sequences shorter than this run plain attention (two batched matrix products around a
+# softmax): PyTorch's CPU flash-attention kernel took 1.3-3.9x its time, forward and backward, from
+# 17 to 82 positions, about the same at 128 and 2-3x less from 256 on (2 threads, AVX2 and AVX512).
+PLAIN_ATTENTION_BELOW = 128
+
+
 def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Scaled dot-product attention of [B, H, T, E] tensors.
 
-    Under CPU bf16 autocast it runs in float32: PyTorch's CPU flash attention (forward and
-    backward) in bf16 took 3.2x the float32 time at head size 16 and 2.1x at 64 (2 threads, AVX512
-    with BF16), while the matmuls around it run 3-4x faster in bf16.
+    On CPU: plain attention below ``PLAIN_ATTENTION_BELOW`` positions (it keeps the [B, H, T, T]
+    probabilities for backward, which flash attention recomputes); and under bf16 autocast, in
+    float32: PyTorch's CPU flash attention (forward and backward) in bf16 took 3.2x the float32
+    time at head size 16 and 2.1x at 64 (2 threads, AVX512 with BF16), while the matmuls around it
+    run 3-4x faster in bf16. Elsewhere PyTorch's fused kernels (flash or memory-efficient).
     """
-    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v)
+    if torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
-            return F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+            return _cpu_attention(q.float(), k.float(), v.float())
+    return _cpu_attention(q, k, v)
+
+
+def _cpu_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    if q.shape[-2] < PLAIN_ATTENTION_BELOW:
+        scores = (q @ k.transpose(-2, -1)).mul_(q.shape[-1] ** -0.5)
+        return torch.softmax(scores, dim=-1) @ v
     return F.scaled_dot_product_attention(q, k, v)
 
 

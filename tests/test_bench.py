@@ -118,8 +118,9 @@ def test_width_bench_replays_every_trajectorys_products(tmp_path: Path):
     assert json.loads(out.read_text()) == result
     one, three = result["results"]
     # per token: 4 segments x 2 cycles x (2 + 1) stack passes of one layer (qkv 32x96, out 32x32,
-    # gate-up 32x512, down 256x32), and 8 prior heads (32x512, 256x8); the rest is the small heads
-    core = 4 * 2 * 3 * (32 * 96 + 32 * 32 + 32 * 512 + 256 * 32) + 8 * (32 * 512 + 256 * 8)
+    # gate-up 32x512, down 256x32, and on CPU attention's two products over 16 keys of width 32),
+    # and 8 prior heads (32x512, 256x8); the rest is the small heads
+    core = 4 * 2 * 3 * (32 * 96 + 32 * 32 + 32 * 512 + 256 * 32 + 2 * 16 * 32) + 8 * (32 * 512 + 256 * 8)
     assert one["flop"] == pytest.approx(2 * 16 * core, rel=0.01)
     assert three["flop"] == 3 * one["flop"]
     assert one["over_n1"] == 1.0

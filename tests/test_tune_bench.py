@@ -24,3 +24,20 @@ def test_summary_per_arm():
     summary = BENCH["summarize"](runs)["random"]
     assert summary["target 0.8: reached"] == "1/2" and summary["target 0.8: mean trial-steps"] == 300
     assert summary["mean_best"] == 0.7
+
+
+def test_tpe_ask_bench_times_each_point_on_a_study_of_that_size(tmp_path: Path):
+    import json
+
+    import optuna
+
+    tpe = runpy.run_path(str(Path(__file__).resolve().parents[1] / "bench" / "tpe_ask.py"))
+    url = f"sqlite:///{tmp_path / 'tpe.db'}"
+    out = tmp_path / "rows.json"
+    rows = tpe["main"](["--storage", url, "--points", "5,12", "--asks", "2", "--running", "3",
+                        "--json", str(out)])
+    assert [r["finished"] for r in rows] == [5, 12] and json.loads(out.read_text()) == rows
+    assert all(r["cpu_ms"] > 0 and r["wall_ms"] > 0 for r in rows)
+    (summary,) = optuna.get_all_study_summaries(url)
+    # 3 left running, 5 added + 2 asked, then 5 more added (to 12) + 2 asked
+    assert summary.n_trials == 3 + 5 + 2 + 5 + 2

@@ -83,9 +83,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args(argv)
-    points = sorted(int(x) for x in args.points.split(","))
+    try:
+        points = sorted(int(x) for x in args.points.split(","))
+    except ValueError:
+        points = []
     if not points or points[0] < 0:
-        raise SystemExit(f"--points {args.points!r}: expected increasing counts >= 0, e.g. 10,100,1000")
+        raise SystemExit(f"--points {args.points!r}: expected counts >= 0 separated by commas, e.g. 10,100,1000")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     with tempfile.TemporaryDirectory() as folder:

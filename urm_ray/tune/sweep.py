@@ -30,7 +30,7 @@ import ray
 import yaml
 from ray import tune
 from ray.exceptions import RayError
-from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
+from ray.tune.schedulers import FIFOScheduler, MedianStoppingRule, TrialScheduler
 
 from urm_ray import heartbeat, tracking
 from urm_ray.cluster import init_ray, scaled_up
@@ -41,6 +41,7 @@ from urm_ray.tune import databases, report
 from urm_ray.tune.fate import FateRecorder, record_interrupted
 from urm_ray.tune.info import INFO_FILE, SweepInfo, storage
 from urm_ray.tune.resources import Plan, plan, trial_bundles
+from urm_ray.tune.rungs import StudyASHA
 from urm_ray.tune.search import TRIAL_KEY, SweepSearch, make_sampler
 from urm_ray.tune.space import SearchSpace, find_space, load_space
 from urm_ray.tune.table import TrialTable
@@ -260,16 +261,13 @@ def _trial_extra(info: SweepInfo) -> dict[str, Any]:
             "tracking.tracking_uri": info.tracking_uri, "tracking.experiment": info.experiment}
 
 
-def make_scheduler(space: SearchSpace) -> TrialScheduler:
+def make_scheduler(space: SearchSpace, info: SweepInfo) -> TrialScheduler:
     """ASHA / median stopping / none, all in training steps (the ``step`` every report has)."""
     spec, train = space.spec.scheduler, space.base_config.train
     grace = spec.grace_steps or train.eval_every or train.log_every
-    if spec.name == "asha":
-        # stop_last_trials=False: a trial at max_t ends by itself, after its driver has uploaded
-        # the config and checkpoint and closed its MLflow run
-        return ASHAScheduler(time_attr="step", metric=space.metric, mode=space.mode,
-                             max_t=train.steps, grace_period=grace,
-                             reduction_factor=spec.reduction_factor, stop_last_trials=False)
+    if spec.name == "asha":  # its rungs are read back from the study after a restart
+        return StudyASHA(space.metric, space.mode, max_t=train.steps, grace=grace,
+                         rf=spec.reduction_factor, storage_url=info.storage, study_name=info.name)
     if spec.name == "median":
         return MedianStoppingRule(time_attr="step", metric=space.metric, mode=space.mode,
                                   grace_period=grace, min_samples_required=3)
@@ -297,7 +295,7 @@ def _tuner(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContex
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=searcher, scheduler=make_scheduler(space), num_samples=space.spec.trials,
+            search_alg=searcher, scheduler=make_scheduler(space, info), num_samples=space.spec.trials,
             max_concurrent_trials=the_plan.concurrency, trial_dirname_creator=trial_dirname,
             trial_name_creator=trial_dirname,
             reuse_actors=True,  # a trial actor trains the next trial: no process start, no imports

@@ -1,0 +1,102 @@
+"""ASHA whose rungs outlive Tune's loop: asynchronous successive halving, seeded from the study.
+
+Tune does not save its scheduler's state: after ``--resume`` or a restart on a fault of the
+cluster, its ``ASHAScheduler`` starts with empty rungs, so the first trials to reach each rung
+go on whatever they score, and a weak trial that happens to report first is never stopped. The
+evaluations every trial reached are in the Optuna study already (intermediate values at their
+training steps), so this scheduler reads them once, at the first result it sees after Tune's
+loop (re)starts, and fills its rungs from them.
+
+The rule is Tune's ASHA with one bracket: rungs at ``grace * rf**k`` steps below ``max_t`` (a
+trial at ``max_t`` has trained all its steps: it completes, it is not pruned at its last one);
+a trial's first evaluation at or past a rung is recorded there, and it stops if that value is
+below the ``1 - 1/rf`` quantile of the values recorded at the rung. A trial recorded at a rung
+is not judged there again (its earlier decision stands: a resumed trial re-reports the steps
+after its checkpoint). Trials are known by their Optuna trial number, the identity that survives
+a restart, not by Tune's trial id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import optuna
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+from urm_ray.tune.info import storage
+from urm_ray.tune.search import TRIAL_KEY
+
+
+def milestones(grace: int, max_t: int, rf: float) -> list[int]:
+    """The rung steps, lowest first: ``grace * rf**k`` below ``max_t``."""
+    steps, k = [], 0
+    while round(grace * rf**k) < max_t:
+        steps.append(round(grace * rf**k))
+        k += 1
+    return steps
+
+
+class StudyASHA(FIFOScheduler):
+    """ASHA over the ``step`` of each result, its rungs read back from the study (see module)."""
+
+    def __init__(self, metric: str, mode: str, max_t: int, grace: int, rf: float,
+                 storage_url: str, study_name: str) -> None:
+        super().__init__()
+        self._metric, self._mode = metric, mode
+        self.sign = 1.0 if mode == "max" else -1.0  # rung values: higher is better
+        self.rf = rf
+        self.rungs: dict[int, dict[int, float]] = {m: {} for m in milestones(grace, max_t, rf)}
+        self.storage_url, self.study_name = storage_url, study_name
+        self.seeded = False  # pickled with Tune's state before any result: a restore reads again
+
+    def seed(self, histories: Iterable[tuple[int, Mapping[int, float]]]) -> None:
+        """Record each trial's first value at or past every rung it reached."""
+        for number, values in histories:
+            steps = sorted(values)
+            for milestone, recorded in self.rungs.items():
+                reached = [s for s in steps if s >= milestone]
+                if reached and number not in recorded:
+                    recorded[number] = self.sign * float(values[reached[0]])
+
+    def _seed_from_study(self) -> None:
+        study = optuna.load_study(study_name=self.study_name, storage=storage(self.storage_url))
+        self.seed((t.number, t.intermediate_values) for t in study.get_trials(deepcopy=False)
+                  if t.intermediate_values)
+        self.seeded = True
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        return self._judge(trial, result)
+
+    def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
+        self._judge(trial, result or {})  # a trial's stopping result comes here, not to on_trial_result
+
+    def _judge(self, trial, result: dict) -> str:
+        if "step" not in result or self._metric not in result or TRIAL_KEY not in trial.config:
+            return TrialScheduler.CONTINUE  # reports before the first evaluation
+        if not self.seeded:
+            self._seed_from_study()
+        return self.decide(int(trial.config[TRIAL_KEY]), int(result["step"]), float(result[self._metric]))
+
+    def decide(self, number: int, step: int, value: float) -> str:
+        """CONTINUE or STOP for trial ``number`` evaluated at ``step``, recording the value."""
+        for milestone in sorted(self.rungs, reverse=True):
+            recorded = self.rungs[milestone]
+            if step < milestone:
+                continue
+            if number in recorded:
+                return TrialScheduler.CONTINUE  # judged at this rung (or a higher one) before
+            cutoff = self.cutoff(milestone)
+            recorded[number] = self.sign * value
+            if cutoff is not None and self.sign * value < cutoff:
+                return TrialScheduler.STOP
+            return TrialScheduler.CONTINUE
+        return TrialScheduler.CONTINUE
+
+    def cutoff(self, milestone: int) -> float | None:
+        values = list(self.rungs[milestone].values())
+        return float(np.nanpercentile(values, (1 - 1 / self.rf) * 100)) if values else None
+
+    def debug_string(self) -> str:
+        return "ASHA rungs: " + " | ".join(f"step {m}: {len(r)} trials, cutoff {self.cutoff(m)}"
+                                           for m, r in sorted(self.rungs.items()))

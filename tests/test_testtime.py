@@ -15,7 +15,7 @@ from urm_ray.eval.testtime import (
     evaluate_testtime,
     rollout,
     select_accepted,
-    select_q,
+    select_best,
     summarize,
     widths,
 )
@@ -54,7 +54,7 @@ def test_width_one_without_noise_is_the_plain_evaluation(family: str):
     torch.manual_seed(0)
     plain = evaluate_batch(model, data)
     assert 0 < float(plain["exact"]) < 8
-    for key in ("exact", "vote_exact", "q_exact"):
+    for key in ("exact", "vote_exact", "q_exact", "confidence_exact"):
         assert float(sums[key]) == float(plain["exact"]), key
     report = summarize(sums, settings)
     assert report["passes_per_puzzle"] == model.max_segments * model.stack_passes
@@ -91,9 +91,37 @@ def test_q_selection_takes_the_highest_halting_score():
     q = torch.tensor([[0.1, 2.0, -1.0],
                       [0.3, -5.0, -0.5],
                       [0.2, 1.0, -2.0]])  # [N, B]
-    assert select_q(answers, q).tolist() == [[2, 2], [5, 5], [8, 8]]
+    assert select_best(answers, q).tolist() == [[2, 2], [5, 5], [8, 8]]
     accepted = torch.tensor([[False, False, False], [False, True, False], [True, True, False]])
     assert select_accepted(answers, accepted).tolist() == [[3, 3], [6, 6], [7, 7]]  # none: the first
+
+
+def test_confidence_is_the_mean_log_probability_of_the_decoded_answer_and_selects_by_it():
+    """Each trajectory's confidence from the rollout equals the mean log-softmax of its argmax
+    tokens, recomputed from a plain forward pass; the selection takes the most confident one."""
+    model = model_of("trm")
+    data = batch(5)
+    settings = EvalConfig(width=3, noise=2.0, seed=3, select="confidence")
+    with applied(model, settings):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(settings.seed)
+            roll = rollout(model, data, settings.width, False)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(settings.seed)
+            repeated = {k: v.repeat(3, *([1] * (v.ndim - 1))) for k, v in data.items()}
+            carry = model.initial_carry(repeated)
+            with torch.no_grad():
+                while True:
+                    carry, outputs = model(carry, repeated)
+                    if bool(carry.halted.all()):
+                        break
+        best = outputs["logits"].float().log_softmax(-1).max(-1).values.mean(-1).view(3, -1)
+        torch.testing.assert_close(roll.confidence[-1], best)
+        assert not torch.equal(roll.confidence[-1, 0], roll.confidence[-1, 1])  # noise: they differ
+        most = roll.confidence[-1].argmax(0)  # [B]
+        data["labels"] = roll.answers[-1].gather(0, most.view(1, -1, 1).expand(1, *data["labels"].shape))[0]
+        report = summarize(evaluate_testtime(model, data, settings), settings)
+    assert report["confidence_exact_accuracy"] == report["exact_accuracy"] == 1.0
 
 
 def test_the_verifiers_pick_is_reported_apart():
@@ -149,7 +177,7 @@ def test_settings_a_model_cannot_take_fail_before_any_work():
             pass
     with pytest.raises(ConfigError, match="eval.width=0 must be >= 1"):
         EvalConfig(width=0)
-    with pytest.raises(ConfigError, match="eval.select='best' must be one of vote, q, verifier"):
+    with pytest.raises(ConfigError, match="eval.select='best' must be one of vote, q, confidence, verifier"):
         EvalConfig(select="best")  # type: ignore[arg-type]
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from urm_ray.data.tasks import registry
 from urm_ray.errors import ConfigError, DataError, Interrupted, TrainingFailed
+from urm_ray.eval.config import SELECTIONS
 
 if TYPE_CHECKING:
     from urm_ray.eval.config import EvalConfig
@@ -265,9 +266,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="trajectories per puzzle, run as one batch (differ by --noise, or GRAM's prior)")
     ev.add_argument("--noise", type=float, default=0.0,
                     help="std of Gaussian noise on the recurrent state after each loop/cycle (not GRAM)")
-    ev.add_argument("--select", choices=["vote", "q", "verifier"], default="vote",
-                    help="a puzzle's answer among its trajectories: majority vote, highest Q-halt score, or "
-                         "the first the task's verifier accepts (an oracle: reported apart)")
+    ev.add_argument("--select", choices=list(SELECTIONS), default="vote",
+                    help="a puzzle's answer among its trajectories: majority vote, highest Q-halt score, "
+                         "the answer the model finds most likely, or the first the task's verifier "
+                         "accepts (an oracle: reported apart)")
     ev.add_argument("--segments", type=int, default=0, help="ACT segments (depth; 0 = as trained)")
     ev.add_argument("--loops", type=int, default=0,
                     help="block-stack passes per segment, URM-like families (0 = as trained)")

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from urm_ray.errors import ConfigError
 
-Select = Literal["vote", "q", "verifier"]
+Select = Literal["vote", "q", "confidence", "verifier"]
+SELECTIONS: tuple[Select, ...] = ("vote", "q", "confidence", "verifier")
 
 
 @dataclass(frozen=True)
@@ -22,8 +23,9 @@ class EvalConfig:
     # std of the Gaussian noise on the recurrent state after each loop or cycle (model.state_noise)
     # that makes the trajectories differ; GRAM's differ through its prior and take none
     noise: float = 0.0
-    # a puzzle's answer among its trajectories: majority vote, the highest Q-halt score, or the
-    # first the task's verifier accepts (an oracle the other two lack: reported apart, as oracle_*)
+    # a puzzle's answer among its trajectories: majority vote, the highest Q-halt score, the answer
+    # the model finds most likely (mean log-probability of its tokens), or the first the task's
+    # verifier accepts (an oracle the others lack: reported apart, as oracle_*)
     select: Select = "vote"
     segments: int = 0  # ACT segments (depth), more than trained if asked; 0 = model.max_segments
     loops: int = 0  # block-stack passes per segment (URM-like families); 0 = model.loops
@@ -35,8 +37,8 @@ class EvalConfig:
             raise ConfigError(f"eval.width={self.width} must be >= 1")
         if self.noise < 0:
             raise ConfigError(f"eval.noise={self.noise} must be >= 0")
-        if self.select not in ("vote", "q", "verifier"):
-            raise ConfigError(f"eval.select={self.select!r} must be one of vote, q, verifier")
+        if self.select not in SELECTIONS:
+            raise ConfigError(f"eval.select={self.select!r} must be one of {', '.join(SELECTIONS)}")
         for key in ("segments", "loops"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"eval.{key}={getattr(self, key)} must be >= 1 (0 = as trained)")

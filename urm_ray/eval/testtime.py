@@ -14,15 +14,18 @@ Each puzzle's answer is chosen among its N trajectories:
 
 - ``vote``: the most frequent answer (ties to the earliest trajectory);
 - ``q``: the trajectory whose Q-head scores halting highest where it answered;
+- ``confidence``: the trajectory whose decoded answer the model itself finds most likely (the
+  mean over positions of the log-probability of each decoded token);
 - ``verifier``: the first trajectory whose answer the task's verifier accepts (the label where a
-  task has no verifier). That uses an oracle the other two lack, so it is always reported apart
+  task has no verifier). That uses an oracle the others lack, so it is always reported apart
   (``oracle_exact``), never as ``exact``.
 
 Compute is counted in block-stack passes per puzzle: trajectories x segments run x the family's
 ``stack_passes`` per segment. With ``halt_early`` a trajectory answers at the first segment its
 Q-head says halt and counts only the segments up to there.
 
-The sums also hold two curves from the same rollout: exact accuracy (by ``select``, vote or q)
+The sums also hold two curves from the same rollout: exact accuracy (by ``select``; vote for the
+verifier)
 against depth, at each segment 1..K, and against width, over the first 1, 2, 4, ... N
 trajectories. Width 1 with noise 0 is the plain evaluation, bit for bit.
 """
@@ -75,6 +78,7 @@ class Rollout:
 
     answers: Tensor  # [K, N, B, L]: each trajectory's decoded answer after each segment
     q_halt: Tensor  # [K, N, B]: its Q-halt logit after each segment
+    confidence: Tensor  # [K, N, B]: mean log-probability of its decoded tokens after each segment
     halts_at: Tensor  # [N, B]: the segment (1..K) where it answers with halt_early, else K
 
 
@@ -86,11 +90,14 @@ def rollout(model: nn.Module, batch: dict[str, Tensor], width: int, halt_early: 
         raise ValueError("rollout needs model.eval()")
     repeated = {k: v.repeat(width, *([1] * (v.ndim - 1))) for k, v in batch.items()}
     carry = model.initial_carry(repeated)
-    answers, q_halt = [], []
+    answers, q_halt, confidence = [], [], []
     while True:
         carry, outputs = model(carry, repeated)
-        answers.append(outputs["logits"].argmax(-1).view(width, *batch["labels"].shape))
+        decoded = outputs["logits"].argmax(-1)  # [N * B, L]
+        log_probs = outputs["logits"].float().log_softmax(-1)  # [N * B, L, V]
+        answers.append(decoded.view(width, *batch["labels"].shape))
         q_halt.append(outputs["q_halt_logits"].float().view(width, -1))
+        confidence.append(log_probs.gather(-1, decoded.unsqueeze(-1)).mean((-2, -1)).view(width, -1))
         if bool(carry.halted.all()):
             break
     q = torch.stack(q_halt)  # [K, N, B]
@@ -100,14 +107,33 @@ def rollout(model: nn.Module, batch: dict[str, Tensor], width: int, halt_early: 
         said = q > 0  # [K, N, B]
         first = said.int().argmax(0) + 1  # the first segment that says halt (1-based)
         halts_at = torch.where(said.any(0), first, halts_at)
-    return Rollout(torch.stack(answers), q, halts_at)
+    return Rollout(torch.stack(answers), q, torch.stack(confidence), halts_at)
 
 
-def answered(roll: Rollout) -> tuple[Tensor, Tensor]:
-    """Each trajectory's answer [N, B, L] and Q-halt score [N, B] where it answers."""
+@dataclass
+class Answered:
+    """Each trajectory where it answers: its answer and the scores the selections rank it by."""
+
+    answers: Tensor  # [N, B, L]
+    q_halt: Tensor  # [N, B]
+    confidence: Tensor  # [N, B]
+
+    def head(self, n: int) -> Answered:
+        """The first ``n`` trajectories (a point of the width curve)."""
+        return Answered(self.answers[:n], self.q_halt[:n], self.confidence[:n])
+
+
+def answered(roll: Rollout) -> Answered:
+    """Each trajectory at the segment where it answers."""
     index = (roll.halts_at - 1).unsqueeze(0)  # [1, N, B]
     answers = roll.answers.gather(0, index.unsqueeze(-1).expand(1, *roll.answers.shape[1:])).squeeze(0)
-    return answers, roll.q_halt.gather(0, index).squeeze(0)
+    return Answered(answers, roll.q_halt.gather(0, index).squeeze(0),
+                    roll.confidence.gather(0, index).squeeze(0))
+
+
+def at_segment(roll: Rollout, k: int) -> Answered:
+    """Every trajectory after segment ``k`` (0-based: a point of the depth curve)."""
+    return Answered(roll.answers[k], roll.q_halt[k], roll.confidence[k])
 
 
 def pick(answers: Tensor, index: Tensor) -> Tensor:
@@ -115,9 +141,10 @@ def pick(answers: Tensor, index: Tensor) -> Tensor:
     return answers.gather(0, index.view(1, -1, 1).expand(1, *answers.shape[1:])).squeeze(0)
 
 
-def select_q(answers: Tensor, q_halt: Tensor) -> Tensor:
-    """The answer of the trajectory with the highest Q-halt score, per row ([N, B, L], [N, B])."""
-    return pick(answers, q_halt.argmax(0))
+def select_best(answers: Tensor, score: Tensor) -> Tensor:
+    """The answer of the trajectory with the highest score (Q-halt, confidence), per row
+    ([N, B, L], [N, B])."""
+    return pick(answers, score.argmax(0))
 
 
 def select_accepted(answers: Tensor, accepted: Tensor) -> Tensor:
@@ -125,10 +152,14 @@ def select_accepted(answers: Tensor, accepted: Tensor) -> Tensor:
     return pick(answers, accepted.int().argmax(0))
 
 
-def choose(answers: Tensor, q_halt: Tensor, how: Select) -> Tensor:
-    """A row's answer among its trajectories, by vote or by Q (``verifier`` goes through
-    ``select_accepted``)."""
-    return majority_vote(answers) if how == "vote" else select_q(answers, q_halt)
+def choose(candidates: Answered, how: Select) -> Tensor:
+    """A row's answer among its trajectories, by vote, Q or confidence (``verifier`` goes
+    through ``select_accepted``)."""
+    if how == "q":
+        return select_best(candidates.answers, candidates.q_halt)
+    if how == "confidence":
+        return select_best(candidates.answers, candidates.confidence)
+    return majority_vote(candidates.answers)
 
 
 def exact(answers: Tensor, labels: Tensor) -> Tensor:
@@ -141,17 +172,17 @@ def exact(answers: Tensor, labels: Tensor) -> Tensor:
 def evaluate_testtime(model: nn.Module, batch: dict[str, Tensor], settings: EvalConfig,
                       verifier: Optional[Verifier] = None) -> dict[str, Tensor]:
     """Per-metric sums (float64 scalars) of one batch under ``settings`` (already ``applied``):
-    ``exact`` by the settings' selection (vote or q; verifier selection puts the oracle's here
-    too), ``vote_exact``, ``q_exact``, ``oracle_exact`` (the first trajectory the verifier accepts),
-    ``valid`` (the selected answer accepted by the verifier), block-stack ``passes``, ``seconds``
-    of wall time, and the curves: ``depth@k`` (exact at segment k) and ``width@w``."""
+    ``exact`` by the settings' selection (verifier selection puts the oracle's here too),
+    ``vote_exact``, ``q_exact``, ``confidence_exact``, ``oracle_exact`` (the first trajectory the
+    verifier accepts), ``valid`` (the selected answer accepted by the verifier), block-stack
+    ``passes``, ``seconds`` of wall time, and the curves: ``depth@k`` (exact at segment k) and
+    ``width@w``."""
     start = time.perf_counter()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
         roll = rollout(model, batch, settings.width, settings.halt_early)
     labels, inputs = batch["labels"], batch["inputs"]
-    width, rows = settings.width, labels.shape[0]
-    answers, q_halt = answered(roll)  # [N, B, L], [N, B]
+    final = answered(roll)
 
     def accepts(candidates: Tensor) -> Tensor:  # [n, B, L] -> [n, B]
         if verifier is None:
@@ -160,21 +191,20 @@ def evaluate_testtime(model: nn.Module, batch: dict[str, Tensor], settings: Eval
         judged = verifier(candidates.flatten(0, 1), inputs.repeat(n, 1), labels.repeat(n, 1))
         return judged.to(labels.device, torch.bool).view(n, -1)
 
-    accepted = accepts(answers)
-    oracle = select_accepted(answers, accepted)
-    by_vote, by_q = majority_vote(answers), select_q(answers, q_halt)
-    chosen = oracle if settings.select == "verifier" else (by_vote if settings.select == "vote" else by_q)
-    valid = accepts(chosen.unsqueeze(0))[0]
-    how: Select = "q" if settings.select == "q" else "vote"
+    oracle = select_accepted(final.answers, accepts(final.answers))
+    by: dict[str, Tensor] = {how: choose(final, how) for how in ("vote", "q", "confidence")}
+    chosen = oracle if settings.select == "verifier" else by[settings.select]
+    how: Select = "vote" if settings.select == "verifier" else settings.select
     sums = {
-        "rows": rows, "exact": exact(chosen, labels).sum(), "vote_exact": exact(by_vote, labels).sum(),
-        "q_exact": exact(by_q, labels).sum(), "oracle_exact": exact(oracle, labels).sum(),
-        "valid": valid.sum(), "passes": roll.halts_at.sum() * model.stack_passes,
+        "rows": labels.shape[0], "exact": exact(chosen, labels).sum(),
+        **{f"{name}_exact": exact(answer, labels).sum() for name, answer in by.items()},
+        "oracle_exact": exact(oracle, labels).sum(), "valid": accepts(chosen.unsqueeze(0))[0].sum(),
+        "passes": roll.halts_at.sum() * model.stack_passes,
     }
     for k in range(roll.answers.shape[0]):
-        sums[f"depth@{k + 1}"] = exact(choose(roll.answers[k], roll.q_halt[k], how), labels).sum()
-    for w in widths(width):
-        sums[f"width@{w}"] = exact(choose(answers[:w], q_halt[:w], how), labels).sum()
+        sums[f"depth@{k + 1}"] = exact(choose(at_segment(roll, k), how), labels).sum()
+    for w in widths(settings.width):
+        sums[f"width@{w}"] = exact(choose(final.head(w), how), labels).sum()
     sums["seconds"] = time.perf_counter() - start
     return {k: torch.as_tensor(v, dtype=torch.float64) for k, v in sums.items()}
 
@@ -199,6 +229,7 @@ def summarize(sums: dict[str, Tensor], settings: EvalConfig) -> dict[str, object
         "exact_accuracy": float(sums["exact"]) / rows,
         "vote_exact_accuracy": float(sums["vote_exact"]) / rows,
         "q_exact_accuracy": float(sums["q_exact"]) / rows,
+        "confidence_exact_accuracy": float(sums["confidence_exact"]) / rows,
         "oracle_exact_accuracy": float(sums["oracle_exact"]) / rows,  # uses the verifier: apart
         "valid_accuracy": float(sums["valid"]) / rows,
         "passes_per_puzzle": float(sums["passes"]) / rows,
@@ -254,6 +285,7 @@ def plot_curves(report: dict[str, object], path: str, title: str = "") -> str:
 
 def scalar_metrics(report: dict[str, object], prefix: str = "eval/testtime/") -> dict[str, float]:
     """The report's numbers (accuracies, passes, seconds) as MLflow metrics."""
-    keys = ("exact_accuracy", "vote_exact_accuracy", "q_exact_accuracy", "oracle_exact_accuracy",
+    keys = ("exact_accuracy", "vote_exact_accuracy", "q_exact_accuracy", "confidence_exact_accuracy",
+            "oracle_exact_accuracy",
             "valid_accuracy", "passes_per_puzzle", "seconds_per_puzzle")
     return {f"{prefix}{key}": float(report[key]) for key in keys}

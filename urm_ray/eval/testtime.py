@@ -25,8 +25,7 @@ Compute is counted in block-stack passes per puzzle: trajectories x segments run
 Q-head says halt and counts only the segments up to there.
 
 The sums also hold two curves from the same rollout: exact accuracy (by ``select``; vote for the
-verifier)
-against depth, at each segment 1..K, and against width, over the first 1, 2, 4, ... N
+verifier) against depth, at each segment 1..K, and against width, over the first 1, 2, 4, ... N
 trajectories. Width 1 with noise 0 is the plain evaluation, bit for bit.
 """
 
@@ -286,6 +285,5 @@ def plot_curves(report: dict[str, object], path: str, title: str = "") -> str:
 def scalar_metrics(report: dict[str, object], prefix: str = "eval/testtime/") -> dict[str, float]:
     """The report's numbers (accuracies, passes, seconds) as MLflow metrics."""
     keys = ("exact_accuracy", "vote_exact_accuracy", "q_exact_accuracy", "confidence_exact_accuracy",
-            "oracle_exact_accuracy",
-            "valid_accuracy", "passes_per_puzzle", "seconds_per_puzzle")
+            "oracle_exact_accuracy", "valid_accuracy", "passes_per_puzzle", "seconds_per_puzzle")
     return {f"{prefix}{key}": float(report[key]) for key in keys}

@@ -643,9 +643,10 @@ def render(report: dict[str, Any]) -> str:
           for k, v in report["mlflow_probe"].items()),
         f"PostgreSQL connections    at most {s['postgres_connections_max']}",
         "sizes (MiB)               " + ", ".join(f"{k} {v:.1f}" for k, v in mib.items()),
-        f"kill and resume           killed at {kill['finished']} finished; resume: first step "
-        f"{_f(resume['first_step_s'])} s, first new trial {_f(resume['first_asked_s'])} s, "
-        f"done in {resume['wall_s']:.0f} s",
+        (f"kill and resume           killed at {kill['finished']} finished; resume: first step "
+         f"{_f(resume['first_step_s'])} s, first new trial {_f(resume['first_asked_s'])} s, "
+         f"done in {resume['wall_s']:.0f} s" if len(s["phases"]) > 1 else
+         f"kill and resume           not killed (ended with {kill['finished']} finished in {kill['wall_s']:.0f} s)"),
         f"sweep restarted by itself {len(report['driver_restarts'])} time(s) after a fault of the cluster"
         + "".join(f"\n  {line}" for line in report["driver_restarts"]),
         f"load average              start {_load(report['machine_start'])}, end {_load(report['machine_end'])}",

@@ -11,7 +11,10 @@ records its fate is not trained again.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
+import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -61,9 +64,25 @@ def allow_slow_stops() -> None:
 
 
 def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
+    allow_slow_stops()
+    try:
+        _run_trial(config, ctx)
+    finally:
+        release_memory()
+
+
+def release_memory() -> None:
+    """Hand what the finished trial freed back to the system. A reused trial actor runs dozens of
+    trials; without this, glibc keeps each trial's freed heap and the actor's resident memory
+    climbs trial after trial (``bench/sweep_scale.py``)."""
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     from urm_ray.train.driver import fit, fit_in_trial  # the driver imports torch; keep this module light
 
-    allow_slow_stops()
     number, values = split_config(config)
     name = trial_run_name(ctx.sweep, number)
     if _replay_finished(ctx, name, values):

@@ -99,7 +99,7 @@ PROBE = "probe.json"
 
 
 def scale_space(trials: int, concurrency: int, steps: int = 20, retries: int = 1,
-                cpus_per_trial: float = 1.0) -> dict[str, Any]:
+                cpus_per_trial: float = 1.0, workers: int = 1) -> dict[str, Any]:
     """A search space of tiny trials on the built-in 4x4 Sudoku: ASHA stops the weaker half of
     the trials at step 10; a trial checkpoints at each evaluation."""
     return {
@@ -121,7 +121,7 @@ def scale_space(trials: int, concurrency: int, steps: int = 20, retries: int = 1
         "trials": trials,
         "concurrency": concurrency,
         "retries": retries,
-        "resources": {"workers": 1, "cpus_per_worker": cpus_per_trial},
+        "resources": {"workers": workers, "cpus_per_worker": cpus_per_trial / workers},
         "scheduler": {"name": "asha", "grace_steps": 10, "reduction_factor": 2},
         "search": {"sampler": "tpe", "seed": 0, "startup_trials": 10},
     }
@@ -700,13 +700,17 @@ def drive_with_probe(sweep: Sweep, args: argparse.Namespace, work: Path, mlflow_
     """The sweep until the kill, then its resume, with the MLflow probe running all along."""
     space_file = work / "scale.yaml"
     space_file.write_text(yaml.safe_dump(scale_space(args.trials, args.concurrency, args.steps,
-                                                      args.retries, args.cpus_per_trial), sort_keys=False))
+                                                      args.retries, args.cpus_per_trial, args.workers),
+                                          sort_keys=False))
     spawn = mp.get_context("spawn")
     stop = spawn.Event()
     probe = spawn.Process(target=probe_mlflow, args=(mlflow_url, f"sweep-{SWEEP}", str(work / PROBE), stop))
     probe.start()
     try:
         phases = [sweep.first(space_file)]
+        if phases[0].returncode not in (0, -signal.SIGKILL):
+            log = (work / "sweep-1.log").read_text().strip().splitlines()
+            raise SystemExit(f"the sweep's driver failed ({phases[0].returncode}):\n" + "\n".join(log[-5:]))
         if phases[0].finished < args.trials:
             phases.append(sweep.resume())
     finally:
@@ -793,7 +797,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--nodes", type=int, default=8, help="Ray nodes, the head included")
     parser.add_argument("--cpus-per-node", type=float, default=5.0, help="logical CPUs of each node")
-    parser.add_argument("--cpus-per-trial", type=float, default=1.0)
+    parser.add_argument("--cpus-per-trial", type=float, default=1.0, help="logical CPUs of a trial, its workers' together")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="workers per trial (1: it trains in its Tune actor; more: in Ray Train's worker actors)")
     parser.add_argument("--steps", type=int, default=20, help="training steps of a trial ASHA keeps")
     parser.add_argument("--retries", type=int, default=1)
     parser.add_argument("--kill-at", type=int, default=None,

@@ -817,6 +817,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.kill_at = args.trials // 2 if args.kill_at is None else args.kill_at
     args.remove_at = args.trials // 4 if args.remove_at is None else args.remove_at
+    if args.workers < 1:
+        parser.error(f"--workers {args.workers}: a trial needs at least 1 worker")
     if args.remove_at and args.nodes < 3:
         parser.error("removing 2 worker nodes needs --nodes 3 or more")
     return args

@@ -12,9 +12,9 @@ records its fate is not trained again.
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import gc
 import os
-import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -73,11 +73,21 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
 
 def release_memory() -> None:
     """Hand what the finished trial freed back to the system. A reused trial actor runs dozens of
-    trials; without this, glibc keeps each trial's freed heap and the actor's resident memory
-    climbs trial after trial (``bench/sweep_scale.py``)."""
+    trials; glibc keeps each trial's freed heap unless asked, so the actor's resident memory climbs
+    faster from trial to trial without this (docs/sweeps-at-scale.md). Elsewhere (another libc,
+    another system) only the collection runs."""
     gc.collect()
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
 
 
 def _run_trial(config: dict[str, Any], ctx: TrialContext) -> None:

@@ -40,8 +40,9 @@ def test_a_run_logs_its_curves_at_each_evaluation(trained):
     client = MlflowClient(uri)
     run = client.get_run(metrics["mlflow_run_id"])
     keys = {k for k in run.data.metrics if k.startswith("eval/curves/")}
-    assert keys == {"eval/curves/depth_1", "eval/curves/depth_2", "eval/curves/depth_3", "eval/curves/width_1",
-                    "eval/curves/width_2", "eval/curves/width_4", "eval/curves/passes_per_puzzle"}
+    points = {f"depth_{k}" for k in (1, 2, 3)} | {f"width_{w}" for w in (1, 2, 4)}
+    assert keys == {f"eval/curves/{point}" for point in points} | {
+        f"eval/curves/{point.replace('_', '_valid_')}" for point in points} | {"eval/curves/passes_per_puzzle"}
     for key in ("eval/curves/depth_3", "eval/curves/width_4"):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [20, 40]
     assert run.data.metrics["eval/curves/passes_per_puzzle"] == 4 * 3 * 4  # width x segments x loops

@@ -142,6 +142,34 @@ def test_the_verifiers_pick_is_reported_apart():
     assert vote["width_curve"].keys() == {1, 2, 4}
 
 
+def test_validity_counts_every_answer_the_verifier_accepts_not_only_the_label():
+    model = model_of("urm")
+    data = batch(2)
+    settings = EvalConfig(width=4, noise=3.0, seed=5)
+    with applied(model, settings):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(settings.seed)
+            answers = rollout(model, data, 4, False).answers[-1]  # [4, B, L]
+        valid = {tuple(a.tolist()) for a in answers[2:].flatten(0, 1)}  # trajectories 2 and 3: the "many answers"
+
+        def verifier(candidates: torch.Tensor, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            return torch.tensor([tuple(c.tolist()) in valid for c in candidates])
+
+        data["labels"] = (answers[0] + 1) % 10  # the label: an answer no trajectory gives
+        judged = summarize(evaluate_testtime(model, data, settings, verifier), settings)
+        unjudged = summarize(evaluate_testtime(model, data, settings), settings)
+    first_valid = sum(tuple(a.tolist()) in valid for a in answers[0]) / answers.shape[1]
+    assert judged["exact_accuracy"] == judged["oracle_exact_accuracy"] == 0.0
+    assert judged["oracle_valid_accuracy"] == 1.0  # every row has an accepted trajectory
+    assert judged["width_valid_curve"][1] == pytest.approx(first_valid) and first_valid < 1.0
+    assert judged["width_valid_curve"][4] == judged["vote_valid_accuracy"] == judged["valid_accuracy"]
+    assert judged["depth_valid_curve"][model.max_segments] == judged["valid_accuracy"]
+    assert judged["width_curve"] == {1: 0.0, 2: 0.0, 4: 0.0}
+    for curve in ("depth", "width"):  # without a verifier, valid is exact
+        assert unjudged[f"{curve}_valid_curve"] == unjudged[f"{curve}_curve"]
+    assert unjudged["oracle_valid_accuracy"] == unjudged["oracle_exact_accuracy"]
+
+
 def test_deeper_and_wider_than_trained_count_their_passes():
     model = model_of("urm")
     trained = model.max_segments

@@ -90,13 +90,13 @@ class InRun:
         return report["metrics"]
 
     def curves(self, model: nn.Module, batches: Batches, ranks: Ranks) -> tuple[dict[str, float], dict[str, Any]]:
-        """Held-out exact accuracy against depth and width under the ``eval`` section, as metrics
-        ``eval/curves/*``, and the report they come from."""
+        """Held-out exact and valid accuracy against depth and width under the ``eval`` section, as
+        metrics ``eval/curves/*``, and the report they come from."""
         settings = self.cfg.eval
         rows = max(1, self.cfg.train.eval_batch_size // settings.width)  # rows x width per forward
         with testtime.applied(model, settings):
             sums = ranks.reduce(testtime.accumulate(batches(rows), model, settings, self.verifier))
         report = testtime.summarize(sums, settings)
-        out = {f"eval/curves/depth_{k}": acc for k, acc in report["depth_curve"].items()}
-        out.update({f"eval/curves/width_{w}": acc for w, acc in report["width_curve"].items()})
+        out = {f"eval/curves/{curve}_{k}": acc for curve in ("depth", "width", "depth_valid", "width_valid")
+               for k, acc in report[f"{curve}_curve"].items()}
         return {**out, "eval/curves/passes_per_puzzle": report["passes_per_puzzle"]}, report

@@ -27,6 +27,11 @@ Q-head says halt and counts only the segments up to there.
 The sums also hold two curves from the same rollout: exact accuracy (by ``select``; vote for the
 verifier) against depth, at each segment 1..K, and against width, over the first 1, 2, 4, ... N
 trajectories. Width 1 with noise 0 is the plain evaluation, bit for bit.
+
+Every accuracy also comes as validity, the chosen answer accepted by the task's verifier
+(``*_valid``): where an input has many answers (N-Queens, graph colouring, the blank Sudoku) a
+valid answer is a solved puzzle and the label is just one of them. Without a verifier, valid is
+exact.
 """
 
 from __future__ import annotations
@@ -173,9 +178,9 @@ def evaluate_testtime(model: nn.Module, batch: dict[str, Tensor], settings: Eval
     """Per-metric sums (float64 scalars) of one batch under ``settings`` (already ``applied``):
     ``exact`` by the settings' selection (verifier selection puts the oracle's here too),
     ``vote_exact``, ``q_exact``, ``confidence_exact``, ``oracle_exact`` (the first trajectory the
-    verifier accepts), ``valid`` (the selected answer accepted by the verifier), block-stack
-    ``passes``, ``seconds`` of wall time, and the curves: ``depth@k`` (exact at segment k) and
-    ``width@w``."""
+    verifier accepts), ``valid`` (the selected answer accepted by the verifier) and ``vote_valid``
+    ... ``oracle_valid`` alike, block-stack ``passes``, ``seconds`` of wall time, and the curves:
+    ``depth@k`` (exact at segment k), ``width@w``, and ``depth_valid@k``, ``width_valid@w``."""
     start = time.perf_counter()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
@@ -190,20 +195,26 @@ def evaluate_testtime(model: nn.Module, batch: dict[str, Tensor], settings: Eval
         judged = verifier(candidates.flatten(0, 1), inputs.repeat(n, 1), labels.repeat(n, 1))
         return judged.to(labels.device, torch.bool).view(n, -1)
 
+    def valid(answer: Tensor) -> Tensor:  # [B, L] -> how many the verifier accepts
+        return accepts(answer.unsqueeze(0))[0].sum()
+
     oracle = select_accepted(final.answers, accepts(final.answers))
     by: dict[str, Tensor] = {how: choose(final, how) for how in ("vote", "q", "confidence")}
     chosen = oracle if settings.select == "verifier" else by[settings.select]
     how: Select = "vote" if settings.select == "verifier" else settings.select
     sums = {
-        "rows": labels.shape[0], "exact": exact(chosen, labels).sum(),
+        "rows": labels.shape[0], "exact": exact(chosen, labels).sum(), "valid": valid(chosen),
         **{f"{name}_exact": exact(answer, labels).sum() for name, answer in by.items()},
-        "oracle_exact": exact(oracle, labels).sum(), "valid": accepts(chosen.unsqueeze(0))[0].sum(),
+        **{f"{name}_valid": valid(answer) for name, answer in by.items()},
+        "oracle_exact": exact(oracle, labels).sum(), "oracle_valid": valid(oracle),
         "passes": roll.halts_at.sum() * model.stack_passes,
     }
     for k in range(roll.answers.shape[0]):
-        sums[f"depth@{k + 1}"] = exact(choose(at_segment(roll, k), how), labels).sum()
+        answer = choose(at_segment(roll, k), how)
+        sums[f"depth@{k + 1}"], sums[f"depth_valid@{k + 1}"] = exact(answer, labels).sum(), valid(answer)
     for w in widths(settings.width):
-        sums[f"width@{w}"] = exact(choose(final.head(w), how), labels).sum()
+        answer = choose(final.head(w), how)
+        sums[f"width@{w}"], sums[f"width_valid@{w}"] = exact(answer, labels).sum(), valid(answer)
     sums["seconds"] = time.perf_counter() - start
     return {k: torch.as_tensor(v, dtype=torch.float64) for k, v in sums.items()}
 
@@ -231,11 +242,13 @@ def summarize(sums: dict[str, Tensor], settings: EvalConfig) -> dict[str, object
         "confidence_exact_accuracy": float(sums["confidence_exact"]) / rows,
         "oracle_exact_accuracy": float(sums["oracle_exact"]) / rows,  # uses the verifier: apart
         "valid_accuracy": float(sums["valid"]) / rows,
+        **{f"{name}_valid_accuracy": float(sums[f"{name}_valid"]) / rows for name in ("vote", "q", "confidence", "oracle")},
         "passes_per_puzzle": float(sums["passes"]) / rows,
         "seconds_per_puzzle": float(sums["seconds"]) / rows,
     }
-    out["depth_curve"] = {int(k.split("@")[1]): float(v) / rows for k, v in sums.items() if k.startswith("depth@")}
-    out["width_curve"] = {int(k.split("@")[1]): float(v) / rows for k, v in sums.items() if k.startswith("width@")}
+    for curve in ("depth", "width", "depth_valid", "width_valid"):
+        out[f"{curve}_curve"] = {int(k.split("@")[1]): float(v) / rows
+                                 for k, v in sums.items() if k.startswith(f"{curve}@")}
     return out
 
 
@@ -245,17 +258,22 @@ def _curve(report: dict[str, object], name: str) -> dict[int, float]:
 
 
 def curve_metrics(report: dict[str, object], prefix: str = "eval/testtime/") -> list[tuple[dict[str, float], int]]:
-    """The curves as MLflow metric histories, (metrics, step) pairs: ``depth_exact`` at step k
-    (segments), ``width_exact`` at step w (trajectories), and ``depth_passes`` (passes per
-    puzzle at depth k: k x passes per segment x width)."""
+    """The curves as MLflow metric histories, (metrics, step) pairs: ``depth_exact`` and
+    ``depth_valid`` at step k (segments), ``width_exact`` and ``width_valid`` at step w
+    (trajectories), and ``depth_passes`` (passes per puzzle at depth k: k x passes per segment x
+    width)."""
     depth, width = _curve(report, "depth_curve"), _curve(report, "width_curve")
+    depth_valid, width_valid = _curve(report, "depth_valid_curve"), _curve(report, "width_valid_curve")
     per_segment = float(report["passes_per_puzzle"]) / max(int(report["segments"]), 1)
-    points = [({f"{prefix}depth_exact": acc, f"{prefix}depth_passes": per_segment * k}, k) for k, acc in depth.items()]
-    return points + [({f"{prefix}width_exact": acc}, w) for w, acc in width.items()]
+    points = [({f"{prefix}depth_exact": acc, f"{prefix}depth_valid": depth_valid[k],
+                f"{prefix}depth_passes": per_segment * k}, k) for k, acc in depth.items()]
+    return points + [({f"{prefix}width_exact": acc, f"{prefix}width_valid": width_valid[w]}, w)
+                     for w, acc in width.items()]
 
 
 def plot_curves(report: dict[str, object], path: str, title: str = "") -> str:
-    """Exact accuracy against block-stack passes per puzzle, over depth and over width, as a PNG."""
+    """Exact accuracy against block-stack passes per puzzle, over depth and over width, as a PNG;
+    validity too where it differs from exact (inputs with many answers)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -264,15 +282,20 @@ def plot_curves(report: dict[str, object], path: str, title: str = "") -> str:
     segments, width = int(report["segments"]), int(report["width"])
     per_pass = float(report["passes_per_puzzle"]) / max(segments * width, 1)  # passes of one segment
     figure, axis = plt.subplots(figsize=(6, 4))
-    depth = _curve(report, "depth_curve")
-    axis.plot([per_pass * width * k for k in depth], list(depth.values()), "o-",
-              label=f"depth: segments 1..{segments} at width {width}")
-    wide = _curve(report, "width_curve")
-    axis.plot([per_pass * segments * w for w in wide], list(wide.values()), "s--",
-              label=f"width: 1..{width} trajectories at {segments} segments")
+    measures = ["exact", "valid"] if any(
+        _curve(report, f"{along}_curve") != _curve(report, f"{along}_valid_curve") for along in ("depth", "width")
+    ) else ["exact"]
+    for measure in measures:
+        suffix = "" if measure == "exact" else "_valid"
+        depth = _curve(report, f"depth{suffix}_curve")
+        axis.plot([per_pass * width * k for k in depth], list(depth.values()), "o-" if not suffix else "o:",
+                  label=f"{measure}, depth: segments 1..{segments} at width {width}")
+        wide = _curve(report, f"width{suffix}_curve")
+        axis.plot([per_pass * segments * w for w in wide], list(wide.values()), "s--" if not suffix else "s:",
+                  label=f"{measure}, width: 1..{width} trajectories at {segments} segments")
     axis.set_xscale("log")
     axis.set_xlabel("block-stack passes per puzzle")
-    axis.set_ylabel(f"exact accuracy ({report['select']})")
+    axis.set_ylabel(f"{' / '.join(measures)} accuracy ({report['select']})")
     axis.set_ylim(-0.02, 1.02)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
@@ -285,5 +308,6 @@ def plot_curves(report: dict[str, object], path: str, title: str = "") -> str:
 def scalar_metrics(report: dict[str, object], prefix: str = "eval/testtime/") -> dict[str, float]:
     """The report's numbers (accuracies, passes, seconds) as MLflow metrics."""
     keys = ("exact_accuracy", "vote_exact_accuracy", "q_exact_accuracy", "confidence_exact_accuracy",
-            "oracle_exact_accuracy", "valid_accuracy", "passes_per_puzzle", "seconds_per_puzzle")
+            "oracle_exact_accuracy", "valid_accuracy", "vote_valid_accuracy", "q_valid_accuracy",
+            "confidence_valid_accuracy", "oracle_valid_accuracy", "passes_per_puzzle", "seconds_per_puzzle")
     return {f"{prefix}{key}": float(report[key]) for key in keys}

@@ -42,6 +42,8 @@ RECIPES: dict[str, Recipe] = {
     "sudoku4-blank": Recipe(sudoku.build_blank, dict(size=4, repeats=16)),
     # 6x6 Sudoku, 20 of 36 cells blank.
     "sudoku6": Recipe(sudoku.build_generated, dict(size=6, num_train=10000, num_test=1000, blanks=20, seed=0)),
+    # 9x9 Sudoku, 12 of 81 cells blank: learnable on a CPU in half an hour (sudoku9-urm)
+    "sudoku9": Recipe(sudoku.build_generated, dict(size=9, num_train=20000, num_test=500, blanks=12, seed=0)),
     # every 6-queens solution (4) as a label of the empty board, 512 copies each in train
     "nqueens6": Recipe(nqueens.build_unconditional, dict(n=6, repeats=512)),
     # every 8-queens solution (92) as a label of the empty board, 64 copies each in train

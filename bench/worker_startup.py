@@ -101,15 +101,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.workers < 2:
         parser.error(f"--workers {args.workers}: a run of one worker trains in its own process")
-    work = Path(tempfile.mkdtemp(prefix="urm-ray-startup-"))
-    cfg = load_config("sudoku4-urm", [*TINY, f"train.num_workers={args.workers}",
-                                      f"train.cpus_per_worker={args.cpus_per_worker}",
-                                      f"train.storage_path={work / 'runs'}",
-                                      f"tracking.tracking_uri=sqlite:///{work / 'mlflow.db'}", *args.set])
-    init_ray(verbose=False, dashboard=True)  # the state API is the dashboard's
-    started = time.time()
-    fit(cfg)
-    fit_s = time.time() - started
+    with tempfile.TemporaryDirectory(prefix="urm-ray-startup-") as folder:
+        work = Path(folder)
+        cfg = load_config("sudoku4-urm", [*TINY, f"train.num_workers={args.workers}",
+                                          f"train.cpus_per_worker={args.cpus_per_worker}",
+                                          f"train.storage_path={work / 'runs'}",
+                                          f"tracking.tracking_uri=sqlite:///{work / 'mlflow.db'}", *args.set])
+        init_ray(verbose=False, dashboard=True)  # the state API is the dashboard's
+        started = time.time()
+        fit(cfg)
+        fit_s = time.time() - started
     time.sleep(2.0)  # task events reach the state API every second
     rows, processes = timeline(started)
     print(render(rows, fit_s, processes, args.workers))

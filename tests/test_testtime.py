@@ -124,15 +124,19 @@ def test_confidence_is_the_mean_log_probability_of_the_decoded_answer_and_select
     assert report["confidence_exact_accuracy"] == report["exact_accuracy"] == 1.0
 
 
+def final_answers(model: torch.nn.Module, data: dict[str, torch.Tensor], settings: EvalConfig) -> torch.Tensor:
+    """[width, B, L]: each trajectory's last answer, drawn as ``evaluate_testtime`` draws them."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(settings.seed)
+        return rollout(model, data, settings.width, False).answers[-1]
+
+
 def test_the_verifiers_pick_is_reported_apart():
     model = model_of("urm")
     data = batch(2)
     settings = EvalConfig(width=4, noise=3.0, seed=5)
     with applied(model, settings):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(settings.seed)
-            third = rollout(model, data, 4, False).answers[-1, 2]
-        data["labels"] = third  # only trajectory 2 answers right, in every row
+        data["labels"] = final_answers(model, data, settings)[2]  # only trajectory 2 answers right, in every row
         vote = summarize(evaluate_testtime(model, data, settings), settings)
         oracle_settings = EvalConfig(width=4, noise=3.0, seed=5, select="verifier")
         oracle = summarize(evaluate_testtime(model, data, oracle_settings), oracle_settings)
@@ -147,9 +151,7 @@ def test_validity_counts_every_answer_the_verifier_accepts_not_only_the_label():
     data = batch(2)
     settings = EvalConfig(width=4, noise=3.0, seed=5)
     with applied(model, settings):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(settings.seed)
-            answers = rollout(model, data, 4, False).answers[-1]  # [4, B, L]
+        answers = final_answers(model, data, settings)  # [4, B, L]
         valid = {tuple(a.tolist()) for a in answers[2:].flatten(0, 1)}  # trajectories 2 and 3: the "many answers"
 
         def verifier(candidates: torch.Tensor, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -74,3 +74,16 @@ def test_eval_with_test_time_settings_reports_and_logs(trained):
     plain = evaluate_checkpoint(checkpoint)
     assert same["exact_accuracy"] == plain["eval/exact_accuracy"]
     assert same["valid_accuracy"] == plain["eval/valid_accuracy"]
+
+
+def test_eval_over_the_tasks_views(trained):
+    root, uri, metrics = trained
+    checkpoint = metrics["checkpoint"]
+    report = evaluate_testtime_checkpoint(checkpoint, EvalConfig(width=4, views=True))
+    assert (report["views"], report["width"], report["rows"]) == (True, 4, 40)
+    assert report["oracle_exact_accuracy"] >= report["vote_exact_accuracy"]
+    run = MlflowClient(uri).get_run(log_testtime(checkpoint, report))
+    assert run.info.run_name == "curves/eval-test-w4-n0-views-vote-s3"
+    # one view, the puzzle itself: the plain evaluation
+    alone = evaluate_testtime_checkpoint(checkpoint, EvalConfig(views=True))
+    assert alone["exact_accuracy"] == evaluate_checkpoint(checkpoint)["eval/exact_accuracy"]

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from urm_ray.config import load_config
-from urm_ray.data.tasks import sudoku
+from urm_ray.data.tasks import nqueens, sudoku
 from urm_ray.errors import ConfigError
 from urm_ray.train.driver import fit
 from urm_ray.tune.sweep import create_sweep, run_sweep
@@ -54,7 +54,10 @@ def swept(tmp_path_factory, ray_local):
         "train.log_every=10", "train.global_batch_size=32", "model.hidden_size=32", "model.num_heads=2",
         "model.max_segments=3", "train.run_name=trained", "train.in_process=true",
     ]))
-    (root / "tt.yaml").write_text(yaml.safe_dump(_space(trained.checkpoint_path), sort_keys=False))
+    space = _space(trained.checkpoint_path)
+    space["params"]["eval.views"] = {"type": "categorical", "choices": [False, True]}  # sudoku has views
+    space["start_from"][0]["eval.views"] = False
+    (root / "tt.yaml").write_text(yaml.safe_dump(space, sort_keys=False))
     before = sorted(p.name for p in (root / "runs").iterdir())
     info, space = create_sweep(str(root / "tt.yaml"), [f"tracking.tracking_uri={uri}"], name="tt",
                                root=str(root / "sweeps"))
@@ -82,6 +85,7 @@ def test_an_evaluation_sweep_records_every_trial_and_trains_nothing(swept):
         assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"testtime.png"}
     first = next(r for r in children if r.info.run_name == "tt-t000")  # the model as trained
     assert first.data.params["sampled.eval.width"] == "1"
+    assert {r.data.params["sampled.eval.views"] for r in children} == {"False", "True"}
     # no checkpoints: no trial folder holds one, and no training run folder appeared
     assert not list((swept["root"] / "sweeps").rglob("checkpoint_*"))
     assert sorted(p.name for p in (swept["root"] / "runs").iterdir()) == swept["runs_before"]
@@ -112,4 +116,15 @@ def test_an_evaluation_sweep_searches_test_time_settings_only(tmp_path: Path):
             create_sweep(str(path), [], name="bad", root=str(tmp_path / "sweeps"))
     path.write_text(yaml.safe_dump(_space(str(tmp_path / "nowhere"))))
     with pytest.raises(ConfigError, match="nowhere: not a urm_ray checkpoint folder"):
+        create_sweep(str(path), [], name="bad", root=str(tmp_path / "sweeps"))
+
+    # views of a task with no augmentation: refused before any trial
+    nqueens.build_unconditional(tmp_path / "queens", n=6, repeats=1)
+    (folder / "config.yaml").write_text(yaml.safe_dump({"model": {"name": "urm"},
+                                                        "data": {"path": str(tmp_path / "queens")}}))
+    space = _space(str(folder))
+    space["params"]["eval.views"] = {"type": "categorical", "choices": [False, True]}
+    space["start_from"][0]["eval.views"] = False
+    path.write_text(yaml.safe_dump(space))
+    with pytest.raises(ConfigError, match="eval.views=true: the nqueens task has no augmentation"):
         create_sweep(str(path), [], name="bad", root=str(tmp_path / "sweeps"))

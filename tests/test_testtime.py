@@ -1,16 +1,20 @@
 """Test-time compute (urm_ray.eval.testtime) on tiny models of every family: width 1 without noise
 is the plain evaluation bit for bit, noise is seeded, the selections pick what they say, and the
-verifier's pick is reported apart."""
+verifier's pick is reported apart, views map their answers back onto the puzzle."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from urm_ray.data.augment import augment_batch, invert_batch
+from urm_ray.data.tasks import nqueens, sudoku
 from urm_ray.errors import ConfigError
 from urm_ray.eval.config import EvalConfig
 from urm_ray.eval.heldout import evaluate_batch
 from urm_ray.eval.testtime import (
+    Views,
     applied,
     evaluate_testtime,
     rollout,
@@ -217,3 +221,36 @@ def test_gram_trajectories_differ_through_its_prior():
         torch.manual_seed(0)
         answers = rollout(model, batch(5), 4, False).answers[-1]
     assert any(not torch.equal(answers[0], answers[i]) for i in range(1, 4))
+
+
+@pytest.mark.parametrize("family", ["trm", "urm"])
+def test_views_read_each_trajectory_its_augmentation_and_map_the_answers_back(family: str):
+    model = model_of(family)
+    data = batch(2)
+    data["inputs"] = data["inputs"].clamp(min=1)  # sudoku tokens: blank 1, digits 2..5
+    index = np.arange(8) * 7
+    data["puzzle_index"] = torch.as_tensor(index)
+    settings = EvalConfig(width=4, views=True, seed=3)
+    with applied(model, settings):
+        roll = rollout(model, data, 4, False, Views.of(sudoku.augment, data, 4, 3))
+    inputs, labels = data["inputs"].numpy(), data["labels"].numpy()
+    for view in range(4):
+        aug = np.full(8, view)
+        seen, seen_labels = augment_batch(sudoku.augment, inputs, labels, index, aug, 3)
+        assert (view == 0) == np.array_equal(seen, inputs)  # every other view moves the board
+        own = own_answers(model, {**data, "inputs": torch.as_tensor(seen), "labels": torch.as_tensor(seen_labels)})
+        back = invert_batch(sudoku.augment, own.numpy(), inputs, labels, index, aug, 3)
+        assert np.array_equal(roll.answers[-1, view].numpy(), back), view
+    assert torch.equal(roll.answers[-1, 0], own_answers(model, data))
+    assert any(not torch.equal(roll.answers[-1, 0], roll.answers[-1, v]) for v in range(1, 4))
+
+    sums = evaluate_testtime(model, data, EvalConfig(views=True), augment=sudoku.augment)  # one view: itself
+    assert float(sums["exact"]) == float(evaluate_batch(model, data)["exact"])
+
+
+def test_views_need_a_task_with_an_augmentation():
+    with pytest.raises(ConfigError, match="eval.views=true: the nqueens task has no augmentation"):
+        EvalConfig(views=True).check_task(nqueens.TASK)
+    EvalConfig(views=True).check_task(sudoku.TASK)
+    with pytest.raises(ValueError, match="settings.views needs the task's augmentation"):
+        evaluate_testtime(model_of("trm"), batch(0), EvalConfig(width=2, views=True))

@@ -138,12 +138,12 @@ def _test_time(args: argparse.Namespace) -> EvalConfig | None:
 
     from urm_ray.eval import offline
 
-    asked = (args.width, args.noise, args.select, args.segments, args.loops, args.seed)
+    asked = (args.width, args.noise, args.views, args.select, args.segments, args.loops, args.seed)
     halt_early = args.halt_early and not offline.task_of(args.checkpoint).versioned  # ARC's is its own
-    if asked == (1, 0.0, "vote", 0, 0, 0) and not halt_early:
+    if asked == (1, 0.0, False, "vote", 0, 0, 0) and not halt_early:
         return None
-    return EvalConfig(width=args.width, noise=args.noise, select=args.select, segments=args.segments,
-                    loops=args.loops, halt_early=args.halt_early, seed=args.seed)
+    return EvalConfig(width=args.width, noise=args.noise, views=args.views, select=args.select,
+                      segments=args.segments, loops=args.loops, halt_early=args.halt_early, seed=args.seed)
 
 
 def _eval_test_time(args: argparse.Namespace, settings: EvalConfig, live: bool) -> None:
@@ -151,7 +151,7 @@ def _eval_test_time(args: argparse.Namespace, settings: EvalConfig, live: bool) 
     from urm_ray.eval import offline
 
     if offline.task_of(args.checkpoint).versioned:
-        raise ConfigError("--width/--noise/--select/--segments/--loops: an ARC checkpoint votes over augmented "
+        raise ConfigError("--width/--noise/--views/--select/--segments/--loops: an ARC checkpoint votes over augmented "
                           "versions (--augmentations); test-time settings are for the other tasks")
     if args.temperature is not None:
         raise ConfigError("--temperature with test-time settings: set the trajectories with --width")
@@ -266,6 +266,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="trajectories per puzzle, run as one batch (differ by --noise, or GRAM's prior)")
     ev.add_argument("--noise", type=float, default=0.0,
                     help="std of Gaussian noise on the recurrent state after each loop/cycle (not GRAM)")
+    ev.add_argument("--views", action="store_true",
+                    help="trajectory i reads the task's augmentation i of the puzzle (0: itself), answers "
+                         "mapped back: width from the task's symmetries (sudoku, maze, coloring)")
     ev.add_argument("--select", choices=list(SELECTIONS), default="vote",
                     help="a puzzle's answer among its trajectories: majority vote, highest Q-halt score, "
                          "the answer the model finds most likely, or the first the task's verifier "
@@ -273,7 +276,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--segments", type=int, default=0, help="ACT segments (depth; 0 = as trained)")
     ev.add_argument("--loops", type=int, default=0,
                     help="block-stack passes per segment, URM-like families (0 = as trained)")
-    ev.add_argument("--seed", type=int, default=0, help="seed of the test-time noise")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the test-time noise and views")
     ev.add_argument("--pass-k", type=int, nargs="+", default=[1, 2, 10, 100, 1000],
                     help="ARC: report pass@k for these k")
     ev.add_argument("--out", default="", help="ARC, test-time settings: write the full report as JSON")

@@ -113,7 +113,7 @@ def dihedral(inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray) -> Transf
     return Transform(dihedral_sources(n)[transform])  # [B, L]
 
 
-def _transforms(fn: TransformFn, inputs: np.ndarray, labels: np.ndarray, puzzle_index: np.ndarray,
+def row_transforms(fn: TransformFn, inputs: np.ndarray, labels: np.ndarray, puzzle_index: np.ndarray,
                 aug_index: np.ndarray, seed: int) -> tuple[np.ndarray, Transform | None]:
     """(rows with aug_index > 0, their transform; None when there are none)."""
     rows = np.flatnonzero(np.asarray(aug_index) != 0)
@@ -127,7 +127,7 @@ def augment_batch(fn: TransformFn, inputs: np.ndarray, labels: np.ndarray,
                   puzzle_index: np.ndarray, aug_index: np.ndarray, seed: int
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Rows [B, L] through a task's augmentation `fn`; rows with aug_index 0 are returned unchanged."""
-    rows, transform = _transforms(fn, inputs, labels, puzzle_index, aug_index, seed)
+    rows, transform = row_transforms(fn, inputs, labels, puzzle_index, aug_index, seed)
     if transform is None:
         return inputs, labels
     inputs, labels = inputs.copy(), labels.copy()
@@ -139,7 +139,7 @@ def invert_batch(fn: TransformFn, answers: np.ndarray, inputs: np.ndarray, label
                  puzzle_index: np.ndarray, aug_index: np.ndarray, seed: int) -> np.ndarray:
     """Answers [B, L] to augmented rows mapped back onto their original puzzles; ``inputs`` and
     ``labels`` are the original (stored) rows the augmentation was drawn from."""
-    rows, transform = _transforms(fn, inputs, labels, puzzle_index, aug_index, seed)
+    rows, transform = row_transforms(fn, inputs, labels, puzzle_index, aug_index, seed)
     if transform is None:
         return answers
     answers = answers.copy()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from urm_ray.data.tasks.task import PuzzleTask
 from urm_ray.errors import ConfigError
 
 Select = Literal["vote", "q", "confidence", "verifier"]
@@ -23,6 +24,10 @@ class EvalConfig:
     # std of the Gaussian noise on the recurrent state after each loop or cycle (model.state_noise)
     # that makes the trajectories differ; GRAM's differ through its prior and take none
     noise: float = 0.0
+    # trajectory i sees the task's augmentation i of the puzzle (0: the puzzle itself: digits
+    # relabelled, rows and columns shuffled, the board turned) and its answers are mapped back
+    # before the selection: trajectories that differ through the task's symmetries
+    views: bool = False
     # a puzzle's answer among its trajectories: majority vote, the highest Q-halt score, the answer
     # the model finds most likely (mean log-probability of its tokens), or the first the task's
     # verifier accepts (an oracle the others lack: reported apart, as oracle_*)
@@ -42,6 +47,13 @@ class EvalConfig:
         for key in ("segments", "loops"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"eval.{key}={getattr(self, key)} must be >= 1 (0 = as trained)")
+
+    def check_task(self, task: PuzzleTask) -> None:
+        """ConfigError where the dataset's task cannot take these settings: views of a task with no
+        augmentation."""
+        if self.views and task.augment is None:
+            raise ConfigError(f"eval.views=true: the {task.name} task has no augmentation to draw views from "
+                              "(sudoku, maze and coloring have one); spread the trajectories with eval.noise")
 
     def check_model(self, model: Any) -> None:
         """ConfigError where the model config cannot take these settings: noise on GRAM (it samples

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from urm_ray.config import RunConfig
+from urm_ray.data.augment import TransformFn
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import registry
 from urm_ray.data.tasks.arc.evaluate import PASS_KS, evaluate_arc
@@ -54,11 +55,13 @@ class InRun:
     cfg: RunConfig
     verifier: Optional[Verifier]
     arc_views: int  # ARC: augmented views voted per test input (0: the task has no own scoring)
+    augment: Optional[TransformFn]  # the task's augmentation: the curves' views (eval.views)
 
     @classmethod
     def for_run(cls, cfg: RunConfig, meta: DatasetMeta) -> InRun:
-        views = cfg.train.eval_arc_views if registry.of(meta).versioned else 0
-        return cls(cfg, optional_verifier(meta.task, meta.seq_len), views)
+        task = registry.of(meta)
+        views = cfg.train.eval_arc_views if task.versioned else 0
+        return cls(cfg, optional_verifier(meta.task, meta.seq_len), views, task.augment)
 
     def run(self, model: nn.Module, batches: Batches, ranks: Ranks, step: int,
             log_plot: Callable[[Path], None]) -> dict[str, float]:
@@ -95,7 +98,7 @@ class InRun:
         settings = self.cfg.eval
         rows = max(1, self.cfg.train.eval_batch_size // settings.width)  # rows x width per forward
         with testtime.applied(model, settings):
-            sums = ranks.reduce(testtime.accumulate(batches(rows), model, settings, self.verifier))
+            sums = ranks.reduce(testtime.accumulate(batches(rows), model, settings, self.verifier, self.augment))
         report = testtime.summarize(sums, settings)
         out = {f"eval/curves/{curve}_{k}": acc for curve in ("depth", "width", "depth_valid", "width_valid")
                for k, acc in report[f"{curve}_curve"].items()}

@@ -113,12 +113,14 @@ def evaluate_testtime_checkpoint(folder: str | Path, settings: EvalConfig, split
     """A checkpoint under test-time ``settings`` (``eval.testtime``) on a split of its dataset:
     accuracies by each selection, passes and seconds per puzzle, the depth and width curves."""
     cfg, model, step = _load(folder)
+    meta = stream.load_meta(cfg.data)
+    task = registry.of(meta)
+    settings.check_task(task)
     with testtime.applied(model, settings):  # fails on settings the model cannot take, before the data
         data_cfg = replace(cfg.data, eval_split=split or cfg.data.eval_split)
         dataset = stream.eval_dataset(data_cfg)
         if max_rows:
             dataset = dataset.limit(max_rows)
-        meta = stream.load_meta(cfg.data)
         progress = Progress(f"eval {data_cfg.eval_split} width {settings.width}",
                             _split_rows(meta, data_cfg.eval_split, max_rows), unit="rows", every_s=5.0, live=live)
         batch_size = max(1, cfg.train.eval_batch_size // settings.width)  # rows x width per forward
@@ -129,16 +131,18 @@ def evaluate_testtime_checkpoint(folder: str | Path, settings: EvalConfig, split
                 progress.update(progress.done + len(batch["inputs"]))
                 yield batch
 
-        sums = testtime.accumulate(batches(), model, settings, optional_verifier(meta.task, meta.seq_len))
+        sums = testtime.accumulate(batches(), model, settings, optional_verifier(meta.task, meta.seq_len),
+                                   task.augment)
         progress.finish()
     return {"split": data_cfg.eval_split, "step": step, **testtime.summarize(sums, settings)}
 
 
 def log_testtime(folder: str | Path, report: dict[str, Any], tracking_uri: str = "") -> str | None:
-    """Logs a test-time evaluation as ``<run>/eval-<split>-w<width>-n<noise>-<select>-s<segments>``:
+    """Logs a test-time evaluation as ``<run>/eval-<split>-w<width>-n<noise>[-views]-<select>-s<segments>``:
     its numbers, the curves as metric histories (``eval/testtime/width_exact`` at step = width,
     ``depth_exact`` at step = segments), their plot (testtime.png) and the report (JSON)."""
-    suffix = f"-w{report['width']}-n{report['noise']:g}-{report['select']}-s{report['segments']}"
+    views = "-views" if report.get("views") else ""
+    suffix = f"-w{report['width']}-n{report['noise']:g}{views}-{report['select']}-s{report['segments']}"
     with tempfile.TemporaryDirectory() as tmp:
         plot = Path(testtime.plot_curves(report, str(Path(tmp) / "testtime.png"), suffix[1:]))
         return log_to_mlflow(folder, report["split"], testtime.scalar_metrics(report), report["step"], report,

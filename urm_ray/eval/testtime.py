@@ -6,7 +6,9 @@
 
 Width N runs N trajectories per puzzle as one batch of N * B rows (trajectory-major, as GRAM's
 prior samples). They differ where the model draws noise: ``model.state_noise`` (Gaussian noise on
-the recurrent state after each loop or cycle, any family but GRAM) or GRAM's own prior. Depth
+the recurrent state after each loop or cycle, any family but GRAM) or GRAM's own prior; or where
+they see the puzzle: with ``views`` trajectory i reads the task's augmentation i of it (0: the
+puzzle itself) and its answers are mapped back onto the puzzle before any selection. Depth
 runs ``segments`` ACT segments (more than the model trained with, if asked) and, for the families
 with loops, ``loops`` block-stack passes per segment.
 
@@ -42,9 +44,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from urm_ray.data.augment import Transform, TransformFn, row_transforms
 from urm_ray.eval.config import EvalConfig, Select
 from urm_ray.eval.heldout import IGNORE, Verifier
 from urm_ray.eval.voting import majority_vote
@@ -76,6 +80,40 @@ def applied(model: nn.Module, settings: EvalConfig) -> Iterator[nn.Module]:
             config.loops = saved[2]
 
 
+@dataclass(frozen=True)
+class Views:
+    """Which view of its puzzle each of the N * B rows of a rollout reads: row n * B + b is
+    trajectory n of puzzle b, on the task's augmentation n of it (0: the puzzle itself)."""
+
+    rows: np.ndarray  # the augmented rows (trajectories 1..N-1)
+    transform: Optional[Transform]  # theirs; None when there are none (width 1)
+
+    @classmethod
+    def of(cls, augment: TransformFn, batch: dict[str, Tensor], width: int, seed: int) -> Views:
+        """The views of ``batch``'s puzzles for ``width`` trajectories, drawn under ``seed``."""
+        rows = batch["inputs"].shape[0]
+        index = batch["puzzle_index"].cpu().numpy() if "puzzle_index" in batch else np.arange(rows)
+        inputs, labels = (batch[k].cpu().numpy() for k in ("inputs", "labels"))
+        view = np.repeat(np.arange(width), rows)
+        return cls(*row_transforms(augment, np.tile(inputs, (width, 1)), np.tile(labels, (width, 1)),
+                                   np.tile(index, width), view, seed))
+
+    def _mapped(self, rows: Tensor, forward: bool) -> Tensor:
+        if self.transform is None:
+            return rows
+        out = rows.cpu().numpy().copy()
+        out[self.rows] = (self.transform.apply if forward else self.transform.invert)(out[self.rows])
+        return torch.as_tensor(out).to(rows.device, rows.dtype)
+
+    def apply(self, repeated: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The repeated batch with each trajectory's inputs and labels in its view."""
+        return {**repeated, **{k: self._mapped(repeated[k], True) for k in ("inputs", "labels")}}
+
+    def invert(self, answers: Tensor) -> Tensor:
+        """[N * B, L] answers in the views -> the same answers on the puzzles themselves."""
+        return self._mapped(answers, False)
+
+
 @dataclass
 class Rollout:
     """N trajectories of B puzzles through K segments."""
@@ -87,21 +125,27 @@ class Rollout:
 
 
 @torch.no_grad()
-def rollout(model: nn.Module, batch: dict[str, Tensor], width: int, halt_early: bool) -> Rollout:
+def rollout(model: nn.Module, batch: dict[str, Tensor], width: int, halt_early: bool,
+            views: Optional[Views] = None) -> Rollout:
     """Run ``width`` trajectories of every row of ``batch`` through all of the model's segments
-    (eval mode: an ACT model halts only at its segment limit)."""
+    (eval mode: an ACT model halts only at its segment limit), each on its view where ``views``
+    are given (answers mapped back onto the puzzles)."""
     if model.training:
         raise ValueError("rollout needs model.eval()")
     repeated = {k: v.repeat(width, *([1] * (v.ndim - 1))) for k, v in batch.items()}
+    if views is not None:
+        repeated = views.apply(repeated)
     carry = model.initial_carry(repeated)
     answers, q_halt, confidence = [], [], []
     while True:
         carry, outputs = model(carry, repeated)
         decoded = outputs["logits"].argmax(-1)  # [N * B, L]
         log_probs = outputs["logits"].float().log_softmax(-1)  # [N * B, L, V]
+        confidence.append(log_probs.gather(-1, decoded.unsqueeze(-1)).mean((-2, -1)).view(width, -1))
+        if views is not None:
+            decoded = views.invert(decoded)
         answers.append(decoded.view(width, *batch["labels"].shape))
         q_halt.append(outputs["q_halt_logits"].float().view(width, -1))
-        confidence.append(log_probs.gather(-1, decoded.unsqueeze(-1)).mean((-2, -1)).view(width, -1))
         if bool(carry.halted.all()):
             break
     q = torch.stack(q_halt)  # [K, N, B]
@@ -174,17 +218,24 @@ def exact(answers: Tensor, labels: Tensor) -> Tensor:
 
 @torch.no_grad()
 def evaluate_testtime(model: nn.Module, batch: dict[str, Tensor], settings: EvalConfig,
-                      verifier: Optional[Verifier] = None) -> dict[str, Tensor]:
+                      verifier: Optional[Verifier] = None,
+                      augment: Optional[TransformFn] = None) -> dict[str, Tensor]:
     """Per-metric sums (float64 scalars) of one batch under ``settings`` (already ``applied``):
     ``exact`` by the settings' selection (verifier selection puts the oracle's here too),
     ``vote_exact``, ``q_exact``, ``confidence_exact``, ``oracle_exact`` (the first trajectory the
     verifier accepts), ``valid`` (the selected answer accepted by the verifier) and ``vote_valid``
     ... ``oracle_valid`` alike, block-stack ``passes``, ``seconds`` of wall time, and the curves:
-    ``depth@k`` (exact at segment k), ``width@w``, and ``depth_valid@k``, ``width_valid@w``."""
+    ``depth@k`` (exact at segment k), ``width@w``, and ``depth_valid@k``, ``width_valid@w``.
+    ``augment`` is the task's augmentation, which ``settings.views`` draws the views from."""
     start = time.perf_counter()
+    views = None
+    if settings.views:
+        if augment is None:
+            raise ValueError("settings.views needs the task's augmentation (EvalConfig.check_task)")
+        views = Views.of(augment, batch, settings.width, settings.seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
-        roll = rollout(model, batch, settings.width, settings.halt_early)
+        roll = rollout(model, batch, settings.width, settings.halt_early, views)
     labels, inputs = batch["labels"], batch["inputs"]
     final = answered(roll)
 
@@ -220,11 +271,11 @@ def evaluate_testtime(model: nn.Module, batch: dict[str, Tensor], settings: Eval
 
 
 def accumulate(batches: Iterable[dict[str, Tensor]], model: nn.Module, settings: EvalConfig,
-               verifier: Optional[Verifier] = None) -> dict[str, Tensor]:
+               verifier: Optional[Verifier] = None, augment: Optional[TransformFn] = None) -> dict[str, Tensor]:
     """``evaluate_testtime``'s sums over batches."""
     totals: dict[str, Tensor] = {}
     for batch in batches:
-        for key, value in evaluate_testtime(model, batch, settings, verifier).items():
+        for key, value in evaluate_testtime(model, batch, settings, verifier, augment).items():
             totals[key] = totals.get(key, 0) + value
     return totals
 
@@ -233,7 +284,7 @@ def summarize(sums: dict[str, Tensor], settings: EvalConfig) -> dict[str, object
     """The report of summed counts: accuracies, passes and seconds per puzzle, the curves."""
     rows = max(float(sums["rows"]), 1.0)
     out: dict[str, object] = {
-        "width": settings.width, "noise": settings.noise, "select": settings.select,
+        "width": settings.width, "noise": settings.noise, "views": settings.views, "select": settings.select,
         "segments": sum(1 for k in sums if k.startswith("depth@")), "halt_early": settings.halt_early,
         "seed": settings.seed, "rows": int(sums["rows"]),
         "exact_accuracy": float(sums["exact"]) / rows,
@@ -299,7 +350,7 @@ def plot_curves(report: dict[str, object], path: str, title: str = "") -> str:
     axis.set_ylim(-0.02, 1.02)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    axis.set_title(title or f"noise {report['noise']}", fontsize=9)
+    axis.set_title(title or f"noise {report['noise']}" + (", views" if report.get("views") else ""), fontsize=9)
     figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
     return path

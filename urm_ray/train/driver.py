@@ -195,6 +195,8 @@ def prepare(cfg: RunConfig) -> tuple[RunConfig, DatasetMeta]:
     if cfg.train.eval_arc_views and not registry.of(meta).versioned:
         warnings.warn(f"train.eval_arc_views={cfg.train.eval_arc_views} has no effect on {meta.task} "
                       "data: pass@k by voting over augmented views is for ARC", stacklevel=3)
+    if cfg.train.eval_curves:
+        cfg.eval.check_task(registry.of(meta))
     logger.info("data: %s", ", ".join(f"{name} {split.num_rows} rows"
                                       for name, split in meta.splits.items()))
     objective_for(cfg, meta)

@@ -38,6 +38,7 @@ from urm_ray.config import (
     with_values,
 )
 from urm_ray.errors import ConfigError
+from urm_ray.eval.config import EvalConfig
 from urm_ray.tune.expr import Expr
 from urm_ray.tune.params import Param, Value
 from urm_ray.typed import did_you_mean, from_dict, to_dict
@@ -333,6 +334,10 @@ def _check_evaluation(space: SearchSpace) -> None:
     if space.spec.scheduler.name != "none":
         raise ConfigError(f"scheduler.name={space.spec.scheduler.name}: an evaluation trial reports once, "
                           "there is nothing to stop early; use scheduler.name=none")
+    if space.base_config.eval.views or space.fixed.get("eval.views") or any(p.key == "eval.views" for p in space.params):
+        from urm_ray.eval import offline
+
+        EvalConfig(views=True).check_task(offline.task_of(space.spec.checkpoint))
 
 
 def _check_scheduler(space: SearchSpace) -> None:

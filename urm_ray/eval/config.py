@@ -53,7 +53,8 @@ class EvalConfig:
         augmentation."""
         if self.views and task.augment is None:
             raise ConfigError(f"eval.views=true: the {task.name} task has no augmentation to draw views from "
-                              "(sudoku, maze and coloring have one); spread the trajectories with eval.noise (GRAM: its prior)")
+                              "(sudoku, maze and coloring have one); spread the trajectories with eval.noise "
+                              "(GRAM: its prior)")
 
     def check_model(self, model: Any) -> None:
         """ConfigError where the model config cannot take these settings: noise on GRAM (it samples

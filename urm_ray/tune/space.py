@@ -334,7 +334,8 @@ def _check_evaluation(space: SearchSpace) -> None:
     if space.spec.scheduler.name != "none":
         raise ConfigError(f"scheduler.name={space.spec.scheduler.name}: an evaluation trial reports once, "
                           "there is nothing to stop early; use scheduler.name=none")
-    if space.base_config.eval.views or space.fixed.get("eval.views") or any(p.key == "eval.views" for p in space.params):
+    searched = {p.key for p in space.params}
+    if space.base_config.eval.views or space.fixed.get("eval.views") or "eval.views" in searched:
         from urm_ray.eval import offline
 
         EvalConfig(views=True).check_task(offline.task_of(space.spec.checkpoint))

@@ -114,7 +114,7 @@ def dihedral(inputs: np.ndarray, labels: np.ndarray, keys: np.ndarray) -> Transf
 
 
 def row_transforms(fn: TransformFn, inputs: np.ndarray, labels: np.ndarray, puzzle_index: np.ndarray,
-                aug_index: np.ndarray, seed: int) -> tuple[np.ndarray, Transform | None]:
+                   aug_index: np.ndarray, seed: int) -> tuple[np.ndarray, Transform | None]:
     """(rows with aug_index > 0, their transform; None when there are none)."""
     rows = np.flatnonzero(np.asarray(aug_index) != 0)
     if len(rows) == 0:

@@ -24,6 +24,7 @@ def _rank_main(rank: int, world_size: int, folder: str, fn: RankFn) -> None:
                             world_size=world_size, timeout=timedelta(seconds=60))
     try:
         torch.save(fn(rank, world_size), Path(folder) / f"rank{rank}.pt")
+        dist.barrier()  # no rank tears gloo down while its peer may still be talking to it
     finally:
         dist.destroy_process_group()
 

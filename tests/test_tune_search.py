@@ -5,6 +5,8 @@ restored searcher takes over the trials asked after its last checkpoint instead 
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import optuna
@@ -12,9 +14,9 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from urm_ray.tune.derived import Derived, DerivedReport
 from urm_ray.tune.search import FATE_ATTR, TRIAL_KEY, SweepSearch, make_sampler
 from urm_ray.tune.space import load_space
-from urm_ray.tune.trial import DerivedReport
 
 METRIC = "eval/token_accuracy"
 
@@ -112,7 +114,7 @@ def test_multi_objective_study_with_derived_compute(tmp_path: Path):
     config = searcher.suggest("a")
     searcher.suggest("b")
     reported = {"eval/exact_accuracy": 0.9, "eval/q_halt_segments": 2.0, "step": 1000}  # full length
-    metrics = DerivedReport.with_derived(space, config, reported)
+    metrics = Derived.of(space, config).add(reported)
     assert metrics["compute/passes_per_puzzle"] == 2.0 * config["model.loops"]
     searcher.on_trial_result("a", metrics)  # no intermediate values in multi-objective studies
     searcher.on_trial_complete("a", metrics)
@@ -121,3 +123,17 @@ def test_multi_objective_study_with_derived_compute(tmp_path: Path):
     a, b = study.trials
     assert a.state == TrialState.COMPLETE and a.values == [0.9, 2.0 * config["model.loops"]]
     assert b.state == TrialState.PRUNED
+
+
+def test_derived_metrics_unpickle_without_torch_or_mlflow():
+    """A trial on several workers hands Ray Train's controller its report callback; unpickling it
+    there must not import torch, MLflow or the config, on the trial's critical path."""
+    space = load_space("quickstart-compute")
+    values = {"model.loops": 4, "model.truncation": 1, "model.max_segments": 2, "optim.lr": 1e-3}
+    code = ("import pickle, sys; import urm_ray.tune.derived; d = pickle.loads(sys.stdin.buffer.read()); "
+            "print(d.add({'eval/q_halt_segments': 2.0})['compute/passes_per_puzzle']); "
+            "print(sorted(m for m in ('torch', 'mlflow', 'optuna', 'urm_ray.config') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(Derived.of(space, values)),
+                         capture_output=True, check=True).stdout.decode().split("\n")
+    assert float(out[0]) == 2.0 * 4
+    assert out[1] == "[]"

@@ -16,14 +16,13 @@ import ctypes.util
 import gc
 import os
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import ray.tune
-from ray.tune.integration.ray_train import TuneReportCallback
 
 from urm_ray import tracking
 from urm_ray.tracking import FATE_TAG, KIND_TAG, REASON_TAG, SWEEP_TAG, TRIAL_TAG
+from urm_ray.tune.derived import Derived, DerivedReport
 from urm_ray.tune.search import TRIAL_KEY
 from urm_ray.tune.space import SearchSpace
 
@@ -95,26 +94,27 @@ def _run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
 
     number, values = split_config(config)
     name = trial_run_name(ctx.sweep, number)
-    if _replay_finished(ctx, name, values):
+    derived = Derived.of(ctx.space, values)
+    if _replay_finished(ctx, name, derived):
         return
     cfg = ctx.space.trial_config(values, {**ctx.extra, "train.run_name": name})
     tags = {tracking.PARENT_TAG: ctx.parent_run_id, SWEEP_TAG: ctx.sweep, TRIAL_TAG: str(number),
             KIND_TAG: "trial"}
     params = {f"sampled.{key}": value for key, value in values.items()}
     if ctx.space.evaluates:
-        _evaluate(ctx, cfg, name, tags, params, values)
+        _evaluate(ctx, cfg, name, tags, params, derived)
         return
     if cfg.train.num_workers == 1:
-        fit_in_trial(cfg, tags, params, partial(DerivedReport.for_tune, ctx.space, values))
+        fit_in_trial(cfg, tags, params, derived.for_tune)
         return
-    result = fit(cfg, tags=tags, callbacks=[DerivedReport(ctx.space, values)], params=params)
+    result = fit(cfg, tags=tags, callbacks=[DerivedReport(derived)], params=params)
     if result.metrics.get("step") == cfg.train.steps:
         # A run resumed after its last step reports nothing itself: hand Tune its final result.
-        ray.tune.report(DerivedReport.with_derived(ctx.space, values, result.metrics))
+        ray.tune.report(derived.add(result.metrics))
 
 
 def _evaluate(ctx: TrialContext, cfg: Any, name: str, tags: dict[str, str], params: dict[str, Any],
-              values: dict[str, Any]) -> None:
+              derived: Derived) -> None:
     """An evaluation sweep's trial: the sweep's checkpoint under the sampled ``eval.*`` settings
     (on ``train.eval_max_rows`` rows), logged into the trial's nested run (numbers, curves, their
     plot), then one result to Tune. Nothing is trained or checkpointed."""
@@ -138,10 +138,10 @@ def _evaluate(ctx: TrialContext, cfg: Any, name: str, tags: dict[str, str], para
         tracking.log_metrics(uri, run_id, points, at)
     with tempfile.TemporaryDirectory() as folder:
         tracking.log_artifact(uri, run_id, testtime.plot_curves(report, str(Path(folder) / "testtime.png"), name))
-    ray.tune.report(DerivedReport.with_derived(ctx.space, values, {**metrics, "step": 1}))
+    ray.tune.report(derived.add({**metrics, "step": 1}))
 
 
-def _replay_finished(ctx: TrialContext, name: str, values: dict[str, Any]) -> bool:
+def _replay_finished(ctx: TrialContext, name: str, derived: Derived) -> bool:
     """A trial finished before an interruption: report its recorded result instead of training."""
     run_id = tracking.find_run_id(ctx.tracking_uri, ctx.experiment, name)
     if run_id is None:
@@ -157,40 +157,5 @@ def _replay_finished(ctx: TrialContext, name: str, values: dict[str, Any]) -> bo
         # failed before an interruption or a retry (e.g. diverged): it would fail again
         raise RuntimeError(f"trial {name} already failed: {run.tags.get(REASON_TAG, '')}")
     metrics = {**run.metrics, "step": int(run.tags.get(STEP_TAG, 0))}
-    ray.tune.report(DerivedReport.with_derived(ctx.space, values, metrics))
+    ray.tune.report(derived.add(metrics))
     return True
-
-
-class DerivedReport(TuneReportCallback):
-    """Tune's report callback plus the space's derived metrics (e.g. compute per row).
-
-    Reports without every objective (those before the first evaluation) stay out of Tune: its
-    scheduler and searcher decide on the objectives alone, and Tune rejects a result that lacks
-    them. MLflow still gets every report from rank 0.
-    """
-
-    def __init__(self, space: SearchSpace, values: dict[str, Any]) -> None:
-        super().__init__()
-        self.space, self.values = space, values
-        self.required = [o.metric for o in space.spec.objectives]
-
-    @staticmethod
-    def with_derived(space: SearchSpace, values: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
-        env = {**space.env(values), **metrics}
-        extra = {name: expr.evaluate(env) for name, expr in space.derived.items() if expr.names <= set(env)}
-        return {**metrics, **extra}
-
-    @staticmethod
-    def for_tune(space: SearchSpace, values: dict[str, Any], metrics: dict[str, Any],
-                 checkpoint: bool) -> dict[str, Any] | None:
-        """A one-worker trial's report as Tune gets it (``hosts.TrialHost``): with the derived
-        metrics; None (kept out of Tune) before the first evaluation, unless it carries a
-        checkpoint, which Tune must persist (the sweep lets such results through)."""
-        metrics = DerivedReport.with_derived(space, values, metrics)
-        complete = all(o.metric in metrics for o in space.spec.objectives)
-        return metrics if complete or checkpoint else None
-
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
-        metrics = [self.with_derived(self.space, self.values, metrics[0]), *metrics[1:]]
-        if all(key in metrics[0] for key in self.required):
-            super().after_report(run_context, metrics, checkpoint)

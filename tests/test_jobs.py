@@ -4,7 +4,9 @@ The cluster workflow's submit step, on one machine: ``ray start --head`` (its ow
 folder, in its own process group, stopped by killing that group: never ``ray stop``, which stops
 every Ray instance of the user), then a 2-trial sweep submitted with the checkout as working
 directory. The job runs the head's Python; the uploaded working directory is what makes this
-checkout's ``urm_ray`` the one imported by the job and by every trial and Train worker.
+checkout's ``urm_ray`` the one imported by the job and by every trial and Train worker. Each trial
+has 2 workers, as on a GPU cluster: Ray Train's controller and workers run it, with the sweep's
+report callback.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import time
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
+
+from urm_ray.tracking import KIND_TAG
 
 from test_cluster import ROOT, TINY_SPACE, free_port, stop_group, subprocess_env, write_tiny_sweep
 
@@ -122,7 +127,7 @@ def _wait_for_job(url: str, job_id: str, timeout: float) -> str:
 
 
 def test_ray_job_submit_runs_a_sweep(head: str, tmp_path: Path):
-    space = {**TINY_SPACE, "resources": {"workers": 1, "cpus_per_worker": 0.4}}
+    space = {**TINY_SPACE, "resources": {"workers": 2, "cpus_per_worker": 0.2}}
     space_file, data = write_tiny_sweep(tmp_path, space)
     sweep = ["urm-ray", "sweep", str(space_file), "--name", "job", "--dir", str(tmp_path / "sweeps"),
              f"data.path={data}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
@@ -141,6 +146,12 @@ def test_ray_job_submit_runs_a_sweep(head: str, tmp_path: Path):
     assert status == "succeeded", status + logs[-4000:]
     assert '"finished": 2' in logs
     assert (tmp_path / "sweeps" / "job" / "leaderboard.csv").is_file()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    trials = [r for r in client.search_runs(experiments) if r.data.tags.get(KIND_TAG) == "trial"]
+    assert len(trials) == 2
+    for run in trials:  # trained on Ray Train's 2 workers, every objective reported through them
+        assert run.data.params["train.num_workers"] == "2" and "eval/token_accuracy" in run.data.metrics
     # the job imported the uploaded working directory, not an installed copy
     imported = next(line for line in logs.splitlines() if line.startswith("urm_ray from"))
     assert "working_dir_files" in imported and str(ROOT) not in imported, imported

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from urm_ray.tune.derived import Derived, DerivedReport
+from urm_ray.tune.derived import Derived
 from urm_ray.tune.search import FATE_ATTR, TRIAL_KEY, SweepSearch, make_sampler
 from urm_ray.tune.space import load_space
 
@@ -126,8 +126,9 @@ def test_multi_objective_study_with_derived_compute(tmp_path: Path):
 
 
 def test_derived_metrics_unpickle_without_torch_or_mlflow():
-    """A trial on several workers hands Ray Train's controller its report callback; unpickling it
-    there must not import torch, MLflow or the config, on the trial's critical path."""
+    """A trial on several workers hands Ray Train's controller its report callback: importing the
+    callback's module and unpickling what it holds must not import torch, MLflow or the config
+    there, on the trial's critical path."""
     space = load_space("quickstart-compute")
     values = {"model.loops": 4, "model.truncation": 1, "model.max_segments": 2, "optim.lr": 1e-3}
     code = ("import pickle, sys; import urm_ray.tune.derived; d = pickle.loads(sys.stdin.buffer.read()); "

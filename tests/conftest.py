@@ -49,14 +49,18 @@ def ray_local():
 @pytest.fixture(scope="session")
 def postgres_server():
     """A private PostgreSQL server on 127.0.0.1 for the whole pytest session (tests/postgres.py:
-    its own port and data folder; as root, run as the ``postgres`` system user). Tests create
-    their own databases in it (``postgres_server.create_database(name)`` returns the URL)."""
+    its own port and data folder; as root, run as the ``postgres`` system user), with password
+    authentication as a shared server has: its URLs carry the password (``.password``), which no
+    record may keep. Tests create their own databases in it (``postgres_server.create_database(name)``
+    returns the URL)."""
+    import secrets
+
     from postgres import find_binaries, start_server
 
     if find_binaries() is None:
         pytest.skip("PostgreSQL is not installed: no initdb/postgres in /usr/lib/postgresql/*/bin "
                     "or on PATH (apt-get install postgresql)")
-    server = start_server()
+    server = start_server(password=f"pw-{secrets.token_hex(8)}")
     yield server
     server.stop()
 

@@ -1,5 +1,6 @@
 """A throwaway PostgreSQL server for tests and benchmarks: its own data folder, a free port on
-127.0.0.1, trust authentication, stopped and removed when done.
+127.0.0.1, trust authentication (or a password, as a shared server has: ``password=``), stopped
+and removed when done.
 
     server = start_server()
     url = server.create_database("optuna")   # postgresql://postgres@127.0.0.1:<port>/optuna
@@ -47,9 +48,11 @@ class PostgresServer:
     folder: Path  # data/ (the cluster), server.log, the Unix socket
     process: subprocess.Popen
     host: str = "127.0.0.1"
+    password: str = ""  # the superuser's (scram-sha-256); empty: trust authentication
 
     def url(self, database: str = "postgres") -> str:
-        return f"postgresql://{SUPERUSER}@{self.host}:{self.port}/{database}"
+        secret = f":{self.password}" if self.password else ""
+        return f"postgresql://{SUPERUSER}{secret}@{self.host}:{self.port}/{database}"
 
     def create_database(self, name: str) -> str:
         """A new, empty database; returns its URL."""
@@ -77,8 +80,9 @@ class PostgresServer:
 
 
 def start_server(durable: bool = False, max_connections: int = 200,
-                 binaries: Path | None = None) -> PostgresServer:
-    """Initialise a cluster in a new temporary folder and start a server on a free port.
+                 binaries: Path | None = None, password: str = "") -> PostgresServer:
+    """Initialise a cluster in a new temporary folder and start a server on a free port; with a
+    ``password``, every connection (local ones too) must give it (scram-sha-256).
 
     ``durable=False`` (tests) turns off fsync: the data is thrown away anyway. A benchmark keeps
     it on, as a real server has it. Raises RuntimeError with the server's log if it does not
@@ -94,10 +98,19 @@ def start_server(durable: bool = False, max_connections: int = 200,
         entry = pwd.getpwnam(SYSTEM_USER)
         os.chown(folder, entry.pw_uid, entry.pw_gid)
     try:
-        _run([str(binaries / "initdb"), "-D", str(folder / "data"), "-U", SUPERUSER,
-              "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"], as_user)
+        auth = ["--auth=trust"]
+        if password:
+            secret = folder / "pwfile"
+            secret.write_text(password + "\n")
+            if as_user:
+                os.chown(secret, pwd.getpwnam(SYSTEM_USER).pw_uid, -1)
+            auth = ["--auth=scram-sha-256", f"--pwfile={secret}"]
+        _run([str(binaries / "initdb"), "-D", str(folder / "data"), "-U", SUPERUSER, *auth,
+              "--encoding=UTF8", "--locale=C", "--no-sync"], as_user)
+        (folder / "pwfile").unlink(missing_ok=True)
         for _ in range(3):  # another process may take the free port before the server binds it
             server = _launch(binaries, folder, free_port(), durable, max_connections, as_user)
+            server.password = password
             if _wait_ready(server):
                 return server
             if server.process.poll() is None:

@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import psycopg
@@ -33,6 +36,7 @@ from postgres import find_binaries, unprivileged
 from test_cluster import CLUSTER_YAML, TINY_SPACE, free_port, write_tiny_sweep
 from test_tune_sweep import InterruptOnce
 from urm_ray.cli import main
+from urm_ray.redact import redact, strip
 from urm_ray.tune.databases import check_reachable
 from urm_ray.tune.sweep import create_sweep, run_sweep
 
@@ -67,7 +71,8 @@ def test_an_unreachable_database_fails_the_sweep_before_ray_starts(postgres_serv
     monkeypatch.setenv("MLFLOW_TRACKING_URI", missing)
     assert main(["sweep", "quickstart", "--dir", root]) == 2
     err = capsys.readouterr().err
-    assert f"the MLflow tracking store (tracking.tracking_uri or MLFLOW_TRACKING_URI) {missing}" in err
+    assert f"the MLflow tracking store (tracking.tracking_uri or MLFLOW_TRACKING_URI) {redact(missing)}" in err
+    assert postgres_server.password not in err
     assert 'database "no_such_db" does not exist' in err and "createdb" in err
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgres://urm:s3cret@db.example/mlflow")
@@ -132,25 +137,44 @@ def test_the_cluster_heads_commands_set_up_postgresql_for_mlflow_and_optuna():
 
 @pytest.fixture(scope="module")
 def pg_sweep(ray_local, postgres_server, tmp_path_factory):
-    """Interrupted after its first finished trial (SIGINT), then resumed through the CLI."""
+    """Interrupted after its first finished trial (SIGINT), then resumed through the CLI; then a
+    training run of ``urm-ray train`` into the same MLflow database. The URLs carry the server's
+    password; what the commands printed and logged is kept for the test that looks for it."""
     root = tmp_path_factory.mktemp("pg")
     space_file, data = write_tiny_sweep(root, SPACE)
     optuna_url = postgres_server.create_database("optuna")
     mlflow_url = postgres_server.create_database("mlflow")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLFLOW_TRACKING_URI", mlflow_url)
-        patch.chdir(root)  # artifacts of a database store go to ./mlruns
-        info, space = create_sweep(str(space_file), [f"data.path={data}"], "pg", str(root / "sweeps"),
-                                   storage_url=optuna_url)
-        first = run_sweep(info, space, callbacks=[InterruptOnce(root / "interrupted")])
-        code = main(["sweep", "--resume", "pg", "--dir", str(root / "sweeps")])
-    return {"info": info, "first": first, "code": code, "optuna": optuna_url, "mlflow": mlflow_url}
+    printed, logged = io.StringIO(), io.StringIO()
+    handler, root_logger = logging.StreamHandler(logged), logging.getLogger()
+    level = root_logger.level
+    root_logger.addHandler(handler)
+    root_logger.setLevel(logging.INFO)
+    try:
+        with pytest.MonkeyPatch.context() as patch, redirect_stdout(printed), redirect_stderr(printed):
+            patch.setenv("MLFLOW_TRACKING_URI", mlflow_url)
+            patch.chdir(root)  # artifacts of a database store go to ./mlruns
+            info, space = create_sweep(str(space_file), [f"data.path={data}"], "pg",
+                                       str(root / "sweeps"), storage_url=optuna_url)
+            first = run_sweep(info, space, callbacks=[InterruptOnce(root / "interrupted")])
+            # sweep.json holds no password: --storage and $MLFLOW_TRACKING_URI give it back
+            code = main(["sweep", "--resume", "pg", "--dir", str(root / "sweeps"), "--storage", optuna_url])
+            trained = main(["train", "sudoku4-urm", *[f"{k}={v}" for k, v in SPACE["overrides"].items()],
+                            f"data.path={data}", "train.run_name=pg-train", "train.checkpoint_every=2",
+                            f"train.storage_path={root / 'runs'}"])
+    finally:
+        root_logger.removeHandler(handler)
+        root_logger.setLevel(level)
+    return {"info": info, "first": first, "code": code, "trained": trained, "root": root,
+            "optuna": optuna_url, "mlflow": mlflow_url, "printed": printed.getvalue(),
+            "logged": logged.getvalue(), "password": postgres_server.password}
 
 
 @pytest.mark.slow
 def test_a_sweep_on_postgresql_resumes_to_exactly_the_requested_trials(pg_sweep, capsys):
     info = pg_sweep["info"]
     assert info.storage == pg_sweep["optuna"] and info.tracking_uri == pg_sweep["mlflow"]
+    recorded = json.loads((info.path / "sweep.json").read_text())
+    assert recorded["storage"] == strip(pg_sweep["optuna"]) != pg_sweep["optuna"]
     assert pg_sweep["first"].interrupted and pg_sweep["code"] == 0
     trials = info.study().trials
     assert [t.number for t in trials] == [0, 1, 2] and all(t.state.is_finished() for t in trials)
@@ -165,7 +189,9 @@ def test_a_sweep_on_postgresql_resumes_to_exactly_the_requested_trials(pg_sweep,
     assert sorted(r.info.run_name for r in children) == ["pg-t000", "pg-t001", "pg-t002"]
     assert client.get_run(info.parent_run_id).info.status == "FINISHED"
     with psycopg.connect(pg_sweep["mlflow"]) as conn:
-        assert conn.execute("SELECT count(*) FROM runs").fetchone() == (4,)  # parent + 3 trials
+        count = conn.execute("SELECT count(*) FROM runs WHERE experiment_id = %s",
+                             (int(experiment.experiment_id),)).fetchone()
+        assert count == (4,)  # parent + 3 trials
 
     tune_trials = tune.ExperimentAnalysis(str(info.path / "tune")).trials
     assert len(tune_trials) == 3 and {t.status for t in tune_trials} == {"TERMINATED"}
@@ -184,6 +210,30 @@ def test_no_trial_run_logged_a_metric_step_twice(pg_sweep):
             assert len(steps) == len(set(steps)), (run.info.run_name, key, sorted(steps))
             logged += len(steps)
     assert logged > 0
+
+
+@pytest.mark.slow
+def test_no_password_reaches_the_terminal_mlflow_optuna_ray_or_a_file(pg_sweep, postgres_server):
+    """The URLs of both databases carried the password through a sweep, its resume and a training
+    run: it is in none of what they printed or logged, the rows of MLflow's and Optuna's databases
+    (params, tags, artifacts' paths, trial attributes), the files they wrote (sweep.json, configs,
+    checkpoints, Tune's state, MLflow's artifacts) or the logs of this Ray instance's processes."""
+    secret = pg_sweep["password"].encode()
+    assert pg_sweep["code"] == 0 and pg_sweep["trained"] == 0, pg_sweep["printed"][-3000:]
+    assert "postgres:***@" in pg_sweep["logged"]  # the URLs were shown, redacted
+    assert secret not in pg_sweep["printed"].encode() and secret not in pg_sweep["logged"].encode()
+    for database, content in (("mlflow", b"sudoku4"), ("optuna", b"model.loops")):
+        dump = subprocess.run([str(find_binaries() / "pg_dump"), "--data-only", pg_sweep[database]],
+                              capture_output=True, timeout=120)
+        assert dump.returncode == 0, dump.stderr
+        assert content in dump.stdout and secret not in dump.stdout, database
+    files = [p for p in pg_sweep["root"].rglob("*") if p.is_file()]
+    assert any(p.name == "sweep.json" for p in files) and any(p.name == "config.yaml" for p in files)
+    assert any(p.name == "state.pt" for p in files)
+    leaked = [p for p in files if secret in p.read_bytes()]
+    session = Path(ray._private.worker._global_node.get_session_dir_path())  # this Ray instance's
+    leaked += [p for p in (session / "logs").rglob("*") if p.is_file() and secret in p.read_bytes()]
+    assert leaked == []
 
 
 @pytest.mark.slow

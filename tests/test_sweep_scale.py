@@ -89,7 +89,8 @@ def test_forty_trials_on_four_nodes_keep_their_records_in_step(postgres_server, 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     print(f"sweep of {TRIALS} trials: {time.monotonic() - started:.0f} s")
 
-    info = load_sweep("scale", str(tmp_path / "sweeps"))[0]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_url)  # sweep.json keeps no password
+    info = load_sweep("scale", str(tmp_path / "sweeps"), optuna_url)[0]
     audit = audit_sweep(info, TRIALS)
     print(audit.render())
     assert audit.optuna_trials == audit.mlflow_runs == audit.tune_trials == TRIALS

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from urm_ray.data.tasks import registry
 from urm_ray.errors import ConfigError, DataError, Interrupted, TrainingFailed
+from urm_ray.redact import redacting_output
 from urm_ray.eval.config import SELECTIONS
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ def _sweep(args: argparse.Namespace) -> None:
     if args.resume:
         if args.space or args.overrides:
             raise ConfigError("--resume NAME continues a sweep as created; give no SPACE or overrides")
-        info, space = load_sweep(args.resume, args.dir)
+        info, space = load_sweep(args.resume, args.dir, args.storage)
     elif not args.space:
         raise ConfigError("give a search space (a YAML path or a shipped space's name) or --resume NAME")
     else:
@@ -323,7 +324,9 @@ def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--resume", metavar="NAME", help="continue an interrupted sweep")
     sweep.add_argument("--name", default="", help="sweep name (default: <space>-<time>)")
     sweep.add_argument("--storage", default="",
-                       help="Optuna database URL (default: sqlite in the sweep folder)")
+                       help="Optuna database URL (default: sqlite in the sweep folder); never "
+                            "recorded with its password: with --resume, give it again, or keep the "
+                            "password in PGPASSWORD or ~/.pgpass (docs/databases.md)")
     sweep.add_argument("--dir", default="sweeps", help="folder holding sweeps (default ./sweeps)")
     _scale_up_option(sweep)
     _verbose_option(sweep)
@@ -372,6 +375,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with redacting_output():  # no password of a URL on the terminal, whoever prints it
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from urm_ray import redact
 from urm_ray.data.config import DataConfig
 from urm_ray.errors import ConfigError
 from urm_ray.eval.config import EvalConfig
@@ -267,5 +268,6 @@ def replace(cfg: RunConfig, overrides: list[str]) -> RunConfig:
 
 
 def dump_yaml(cfg: RunConfig) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    """The config as ``config.yaml`` records it: no secret (``redact.strip``)."""
+    return yaml.safe_dump(redact.strip(to_dict(cfg)), sort_keys=False)
 

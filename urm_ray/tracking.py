@@ -25,6 +25,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
+from urm_ray import redact
+
 RUN_NAME_TAG = "urm_ray.run_name"
 PARENT_TAG = "mlflow.parentRunId"
 FATE_TAG = "urm_ray.fate"  # completed, pruned, failed
@@ -97,7 +99,7 @@ class MlflowTracker:
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self.client.log_batch(self.run_id, tags=[RunTag(k, redact.strip(str(v))) for k, v in tags.items()])
 
     def close(self) -> None:
         pass
@@ -170,7 +172,7 @@ def open_run(
     if existing is not None:
         client.update_run(existing, status="RUNNING")
         return existing
-    all_tags = {RUN_NAME_TAG: run_name, **(tags or {})}
+    all_tags = redact.strip({RUN_NAME_TAG: run_name, **(tags or {})})
     run = client.create_run(experiment_id, run_name=run_name, tags=all_tags)
     items = [Param(k, _param_value(v)) for k, v in params.items()]
     for start in range(0, len(items), _BATCH_LIMIT):
@@ -212,7 +214,8 @@ def _is_duplicate(err: MlflowException) -> bool:
 
 
 def _param_value(value: Any) -> str:
-    return str(list(value) if isinstance(value, tuple) else value)
+    """A param as MLflow records it, with no secret (``redact.strip``: a URL's password)."""
+    return redact.strip(str(list(value) if isinstance(value, tuple) else value))
 
 
 def log_dataset(tracking_uri: str, run_id: str, name: str, path: str, digest: str,
@@ -228,7 +231,7 @@ def log_dataset(tracking_uri: str, run_id: str, name: str, path: str, digest: st
     together on the same data (a sweep's concurrent trials) race, and the loser's insert breaks
     the dataset's unique key. That one retries, and then finds the dataset already there."""
     dataset = Dataset(name=name, digest=digest, source_type="local",
-                      source=json.dumps({"uri": path}), profile=json.dumps(profile))
+                      source=json.dumps({"uri": redact.strip(path)}), profile=json.dumps(profile))
     inputs = [DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, "training")])]
     client = MlflowClient(tracking_uri)
     for attempt in range(_DATASET_ATTEMPTS):

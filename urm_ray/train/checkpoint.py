@@ -28,6 +28,7 @@ import pyarrow.fs
 import torch
 import yaml
 
+from urm_ray import redact
 from urm_ray.errors import CheckpointWriteError, DataError
 
 STATE_FILE = "state.pt"
@@ -91,7 +92,7 @@ def save(
         "ranks": ranks if ranks is not None else [rank_state(None)],
     }
     torch.save(state, folder / STATE_FILE)
-    (folder / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
+    (folder / CONFIG_FILE).write_text(yaml.safe_dump(redact.strip(config), sort_keys=False))
 
 
 def upload(source: Path, fs: pyarrow.fs.FileSystem, dest: str, step: int) -> None:

@@ -16,17 +16,10 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import NullPool
 
 from urm_ray.errors import ConfigError
+from urm_ray.redact import redact
 
 CONNECT_TIMEOUT_S = 5
 DEFAULT_PORT = 5432
-
-
-def redacted(url: str) -> str:
-    """The URL with its password replaced by ``***``, fit for messages and logs."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:  # not a database URL (http://, file:///): nothing secret in it here
-        return url
 
 
 def check_reachable(url: str, role: str) -> None:
@@ -34,7 +27,7 @@ def check_reachable(url: str, role: str) -> None:
     storage (--storage)") if it cannot be reached. Other URLs pass unchecked."""
     scheme = url.partition("://")[0].lower()
     if scheme == "postgres":  # Heroku's spelling; SQLAlchemy knows only postgresql://
-        fixed = redacted("postgresql" + url[len("postgres"):])
+        fixed = redact("postgresql" + url[len("postgres"):])
         raise ConfigError(f"{role}: SQLAlchemy reads no postgres:// URLs; write {fixed}")
     if scheme.partition("+")[0] != "postgresql":
         return
@@ -43,7 +36,7 @@ def check_reachable(url: str, role: str) -> None:
         engine = sqlalchemy.create_engine(parsed, poolclass=NullPool,
                                           connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
     except (NoSuchModuleError, ImportError) as err:
-        raise ConfigError(f"{role} {redacted(url)}: no PostgreSQL driver for it ({err}); "
+        raise ConfigError(f"{role} {redact(url)}: no PostgreSQL driver for it ({err}); "
                           "urm_ray depends on psycopg 3: write postgresql:// or "
                           "postgresql+psycopg://") from None
     try:
@@ -51,7 +44,7 @@ def check_reachable(url: str, role: str) -> None:
             conn.execute(sqlalchemy.text("SELECT 1"))
     except DBAPIError as err:
         reason = _reason(err)
-        raise ConfigError(f"{role} {redacted(url)} cannot be reached: {reason}; expected "
+        raise ConfigError(f"{role} {redact(url)} cannot be reached: {reason}; expected "
                           f"{_expected(parsed, reason)}") from None
     finally:
         engine.dispose()
@@ -62,7 +55,7 @@ def check_separate(optuna_url: str, tracking_uri: str) -> None:
     one database, the second to open it finds the other's version and stops."""
     if _identity(optuna_url) is not None and _identity(optuna_url) == _identity(tracking_uri):
         raise ConfigError(f"the Optuna storage and the MLflow tracking store are one database "
-                          f"({redacted(optuna_url)}); both keep a table alembic_version, so each "
+                          f"({redact(optuna_url)}); both keep a table alembic_version, so each "
                           "needs its own: create a second database (e.g. optuna and mlflow)")
 
 

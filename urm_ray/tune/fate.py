@@ -41,6 +41,14 @@ class FateRecorder(Callback):
         self.ctx = ctx
         self.scheduler = scheduler
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune saves its callbacks to the sweep folder (and reads them back on --resume)
+        return {**self.__dict__, "ctx": self.ctx.without_secrets()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.ctx = self.ctx.with_secrets()
+
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         step = int(trial.last_result.get("step", 0))
         if step >= self.ctx.space.steps:

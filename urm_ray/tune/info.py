@@ -10,6 +10,8 @@ from typing import Any
 
 import optuna
 
+from urm_ray import redact
+
 INFO_FILE = "sweep.json"
 
 
@@ -39,7 +41,9 @@ class SweepInfo:
         return f"{self.run_storage or self.folder}/{kind}"
 
     def save(self) -> None:
-        (self.path / INFO_FILE).write_text(json.dumps(asdict(self), indent=2))
+        """Written without secrets (``redact.strip``): a resume takes them from the environment
+        or ``--storage`` again (``redact.recall``)."""
+        (self.path / INFO_FILE).write_text(json.dumps(redact.strip(asdict(self)), indent=2))
 
     def study(self) -> optuna.Study:
         return optuna.load_study(study_name=self.name, storage=storage(self.storage))
@@ -49,4 +53,16 @@ def storage(url: str) -> optuna.storages.RDBStorage:
     # a database server may drop a pooled connection during an hours-long sweep (a restart, an
     # idle timeout): checked before use, it is replaced instead of failing the next call
     engine = {} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine)
+    return _Storage(url, engine_kwargs=engine)
+
+
+class _Storage(optuna.storages.RDBStorage):
+    """Optuna's RDB storage, pickled without the URL's password: Tune saves the searcher that
+    holds it to the sweep folder. Read back, it takes the password from ``redact.recall`` (the
+    resuming command's ``--storage``), else from PGPASSWORD or ~/.pgpass."""
+
+    def __getstate__(self) -> dict[Any, Any]:
+        return {**super().__getstate__(), "url": redact.strip(self.url)}
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__({**state, "url": redact.recall(state["url"])})

@@ -32,7 +32,7 @@ from ray import tune
 from ray.exceptions import RayError
 from ray.tune.schedulers import FIFOScheduler, MedianStoppingRule, TrialScheduler
 
-from urm_ray import heartbeat, tracking
+from urm_ray import heartbeat, redact, tracking
 from urm_ray.cluster import init_ray, scaled_up
 from urm_ray.data import builtin, stream
 from urm_ray.errors import ConfigError
@@ -76,12 +76,13 @@ def create_sweep(source: str, overrides: list[str], name: str = "", root: str = 
                           f"`urm-ray sweep --resume {name}` or choose another --name")
     uri = tracking.resolve_tracking_uri(space.base_config.tracking.tracking_uri)
     optuna_url = storage_url or f"sqlite:///{folder / 'optuna.db'}"
+    redact.remember(optuna_url)  # Tune saves the searcher without it and may read it back here
     _check_databases(optuna_url, uri)
     _refuse_stale_name(name, uri, optuna_url)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "base_config.yaml").write_text(yaml.safe_dump(space.base, sort_keys=False))
+    (folder / "base_config.yaml").write_text(yaml.safe_dump(redact.strip(space.base), sort_keys=False))
     spec = {**to_dict(space.spec), "base": "base_config.yaml", "overrides": {}}
-    (folder / "space.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    (folder / "space.yaml").write_text(yaml.safe_dump(redact.strip(spec), sort_keys=False))
     base_storage = space.base_config.train.storage_path
     info = SweepInfo(name, str(folder), optuna_url, uri,
                      f"sweep-{name}", source=str(find_space(source).resolve()),
@@ -96,25 +97,31 @@ def _refuse_stale_name(name: str, tracking_uri: str, optuna_url: str) -> None:
     would feed the sampler."""
     runs = tracking.count_runs(tracking_uri, f"sweep-{name}")
     if runs:
-        raise ConfigError(f"sweep {name!r}: MLflow ({tracking_uri}) already holds {runs} runs of an "
+        raise ConfigError(f"sweep {name!r}: MLflow ({redact.redact(tracking_uri)}) already holds {runs} runs of an "
                           f"earlier sweep of that name (experiment 'sweep-{name}'); choose another "
                           "--name (or remove those runs from MLflow first)")
     if optuna_url.startswith("sqlite:///") and not Path(optuna_url[len("sqlite:///"):]).exists():
         return  # a fresh sweep folder: no study yet (and opening would create the file)
     studies = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage(optuna_url))}
     if studies.get(name):
-        raise ConfigError(f"sweep {name!r}: the Optuna storage {optuna_url} already holds a study "
+        raise ConfigError(f"sweep {name!r}: the Optuna storage {redact.redact(optuna_url)} already holds a study "
                           f"{name!r} with {studies[name]} trials; resume it with `urm-ray sweep "
                           f"--resume {name}` (if its folder exists) or choose another --name")
 
 
-def load_sweep(name: str, root: str = DEFAULT_ROOT) -> tuple[SweepInfo, SearchSpace]:
+def load_sweep(name: str, root: str = DEFAULT_ROOT, storage_url: str = "") -> tuple[SweepInfo, SearchSpace]:
+    """A sweep as created. ``sweep.json`` holds no password: one comes back from ``storage_url``
+    (``--storage``) and ``$MLFLOW_TRACKING_URI`` where they are the recorded URLs with a password
+    (``redact.recall``), else from PGPASSWORD, ~/.pgpass or MLflow's own variables."""
     folder = Path(root).resolve() / name
     if not (folder / INFO_FILE).is_file():
         known = sorted(p.parent.name for p in folder.parent.glob(f"*/{INFO_FILE}"))
         raise ConfigError(f"no sweep {name!r} in {folder.parent}; "
                           f"sweeps there: {', '.join(known) or 'none'}")
     info = SweepInfo(**json.loads((folder / INFO_FILE).read_text()))
+    redact.remember(storage_url)
+    redact.remember(os.environ.get("MLFLOW_TRACKING_URI", ""))
+    info.storage, info.tracking_uri = redact.recall(info.storage), redact.recall(info.tracking_uri)
     _check_databases(info.storage, info.tracking_uri)
     return info, load_space(str(folder / "space.yaml"))
 

@@ -15,12 +15,12 @@ import ctypes
 import ctypes.util
 import gc
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray.tune
 
-from urm_ray import tracking
+from urm_ray import redact, tracking
 from urm_ray.tracking import FATE_TAG, KIND_TAG, REASON_TAG, SWEEP_TAG, TRIAL_TAG
 from urm_ray.tune.derived import Derived, DerivedReport
 from urm_ray.tune.search import TRIAL_KEY
@@ -45,6 +45,15 @@ class TrialContext:
     tracking_uri: str
     experiment: str
     parent_run_id: str
+
+    def without_secrets(self) -> TrialContext:
+        """This context as it may be saved to disk (``redact.strip``)."""
+        return replace(self, extra=redact.strip(self.extra), tracking_uri=redact.strip(self.tracking_uri))
+
+    def with_secrets(self) -> TrialContext:
+        """A saved context with the secrets this process remembers (``redact.recall``)."""
+        extra = {k: redact.recall(v) if isinstance(v, str) else v for k, v in self.extra.items()}
+        return replace(self, extra=extra, tracking_uri=redact.recall(self.tracking_uri))
 
 
 def trial_run_name(sweep: str, number: int) -> str:

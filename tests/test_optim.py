@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from urm_ray.errors import ConfigError
+from urm_ray.models.layers import PuzzleEmbedding
 from urm_ray.optim import (
     EMA,
     AdamAtan2,
@@ -110,23 +111,15 @@ def test_build_muon_splits_matrices_from_the_rest() -> None:
     assert len(adamw.param_groups[0]["params"]) == 3  # linear bias, conv weight [5, 1, 2], conv bias
 
 
-class StandInPuzzleEmbedding(nn.Module):
-    """The attributes SignSGDPuzzleEmbedding relies on, as the real PuzzleEmbedding records them."""
-
-    def __init__(self, num_ids: int, dim: int):
-        super().__init__()
-        self.register_buffer("weights", torch.randn(num_ids, dim, generator=torch.Generator().manual_seed(0)))
-        self.local_weights = None
-        self.local_ids = None
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        self.local_weights = self.weights[ids].clone().requires_grad_()  # [B, D]
-        self.local_ids = ids
-        return self.local_weights
+def random_embedding(num_ids: int, dim: int) -> PuzzleEmbedding:
+    """A real PuzzleEmbedding with a random table (a fresh one is all zeros)."""
+    emb = PuzzleEmbedding(num_ids, dim)
+    emb.weights.copy_(torch.randn(num_ids, dim, generator=torch.Generator().manual_seed(0)))
+    return emb
 
 
 def test_sign_sgd_updates_only_touched_rows() -> None:
-    emb = StandInPuzzleEmbedding(6, 3)
+    emb = random_embedding(6, 3)
     before = emb.weights.clone()
     ids = torch.tensor([1, 4, 1, 3])
     coeffs = torch.tensor([[1.0, -2.0, 0.0], [0.5, 0.5, -1.0], [-3.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
@@ -147,7 +140,7 @@ def test_sign_sgd_updates_only_touched_rows() -> None:
 
 
 def _sign_sgd_and_ddp_rank(rank: int, world_size: int) -> tuple:
-    emb = StandInPuzzleEmbedding(5, 2)
+    emb = random_embedding(5, 2)
     ids = torch.tensor([[0, 2], [2, 3]])[rank]
     grads = torch.tensor([[[1.0, -1.0], [1.0, 1.0]], [[-3.0, 1.0], [1.0, 0.0]]])[rank]
     (emb(ids) * grads).sum().backward()
@@ -160,7 +153,7 @@ def _sign_sgd_and_ddp_rank(rank: int, world_size: int) -> tuple:
 
 def test_sign_sgd_all_gathers_across_ranks_and_ema_unwraps_ddp(tmp_path) -> None:
     results = run_ranks(_sign_sgd_and_ddp_rank, world_size=2, folder=tmp_path)
-    before = StandInPuzzleEmbedding(5, 2).weights
+    before = random_embedding(5, 2).weights
     step = torch.zeros(5, 2)
     step[0] = torch.tensor([1.0, -1.0])  # only rank 0 saw id 0
     step[2] = torch.tensor([-1.0, 1.0])  # [1, 1] + [-3, 1] summed over both ranks
@@ -228,7 +221,7 @@ class TinyModel(nn.Module):
     def __init__(self, puzzle_dim: int = 3):
         super().__init__()
         self.proj = nn.Linear(3, 3)
-        self.puzzle_emb = StandInPuzzleEmbedding(4, puzzle_dim)
+        self.puzzle_emb = random_embedding(4, puzzle_dim)
 
 
 def test_build_optimizers_and_schedule() -> None:

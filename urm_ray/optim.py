@@ -251,7 +251,8 @@ class SignSGDPuzzleEmbedding:
 
     The table `module.weights` [num_ids, D] is a buffer. In train mode the module copies the
     batch's rows into the leaf `module.local_weights` [B, D] and records `module.local_ids` [B];
-    backward fills `local_weights.grad`. One step (ids and grads all-gathered over ranks first
+    backward fills `local_weights.grad`; `module.trained_rows()` gives them (every micro-batch's,
+    with gradient accumulation). One step (ids and grads all-gathered over ranks first
     when torch.distributed is initialized) touches only the ids seen in the global batch:
 
         g[id]  = sum of the gradient rows with that id
@@ -269,10 +270,10 @@ class SignSGDPuzzleEmbedding:
 
     @torch.no_grad()
     def step(self) -> None:
-        local_weights = getattr(self.module, "local_weights", None)
-        if local_weights is None or local_weights.grad is None:
+        rows = self.module.trained_rows()
+        if rows is None:
             return
-        ids, grads = _all_gather_rows(self.module.local_ids.to(torch.long), local_weights.grad)
+        ids, grads = _all_gather_rows(rows[0].to(torch.long), rows[1])
         unique_ids, inverse = ids.unique(return_inverse=True)  # [U], [world*B]
         summed = torch.zeros(len(unique_ids), grads.shape[-1], dtype=grads.dtype, device=grads.device)
         summed.index_add_(0, inverse, grads)  # [U, D]
@@ -282,9 +283,7 @@ class SignSGDPuzzleEmbedding:
         weights[unique_ids] = rows
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        local_weights = getattr(self.module, "local_weights", None)
-        if local_weights is not None:
-            local_weights.grad = None
+        self.module.clear_rows()
 
     def state_dict(self) -> dict[str, Any]:
         return {"param_groups": [dict(group) for group in self.param_groups]}

@@ -235,7 +235,10 @@ class PuzzleEmbedding(nn.Module):
     ``local_ids`` [B]; the optimizer reads ``local_weights.grad`` and writes the table. Otherwise
     (eval, or no-grad passes such as HRM's target-Q pass) it reads the table directly, so a
     second no-grad pass cannot replace the rows that the loss's gradient lands on.
-    Both locals are plain attributes: they are never saved, moved by ``.to()`` or broadcast by DDP.
+    A step of several micro-batches (``train.micro_batch_size``) runs forward and backward once per
+    micro-batch: a forward that finds the previous leaf's gradient filled keeps those rows, and
+    ``trained_rows`` gives the optimizer every micro-batch's rows, in order.
+    The locals are plain attributes: they are never saved, moved by ``.to()`` or broadcast by DDP.
     """
 
     def __init__(self, num_ids: int, dim: int) -> None:
@@ -243,11 +246,31 @@ class PuzzleEmbedding(nn.Module):
         self.register_buffer("weights", torch.zeros(num_ids, dim), persistent=True)
         self.local_weights: Optional[Tensor] = None
         self.local_ids: Optional[Tensor] = None
+        self.earlier: list[tuple[Tensor, Tensor]] = []  # (ids [b], grads [b, dim]) of this step
 
     def forward(self, ids: Tensor) -> Tensor:
         ids = ids.long()
         if not (self.training and torch.is_grad_enabled()):
             return self.weights[ids]  # [B, dim]
+        if self.local_weights is not None and self.local_weights.grad is not None:
+            self.earlier.append((self.local_ids, self.local_weights.grad))
         self.local_ids = ids
         self.local_weights = self.weights[ids].detach().requires_grad_()
         return self.local_weights
+
+    def trained_rows(self) -> tuple[Tensor, Tensor] | None:
+        """The ids [N] and gradient rows [N, dim] of this step's backward passes; None: none."""
+        rows = list(self.earlier)
+        if self.local_weights is not None and self.local_weights.grad is not None:
+            rows.append((self.local_ids, self.local_weights.grad))
+        if not rows:
+            return None
+        if len(rows) == 1:
+            return rows[0]
+        return torch.cat([ids for ids, _ in rows]), torch.cat([grads for _, grads in rows])
+
+    def clear_rows(self) -> None:
+        """After the optimizer's step: no row is trained until the next backward."""
+        self.earlier = []
+        if self.local_weights is not None:
+            self.local_weights.grad = None

@@ -139,6 +139,34 @@ def test_sign_sgd_updates_only_touched_rows() -> None:
     torch.testing.assert_close(emb.weights, expected)
 
 
+def _sign_sgd_by_unique(weights: torch.Tensor, ids: torch.Tensor, grads: torch.Tensor, lr: float,
+                        wd: float) -> torch.Tensor:
+    """The update written with ``unique`` (a host sync on CUDA: its output size is the data's)."""
+    unique_ids, inverse = ids.unique(return_inverse=True)
+    summed = torch.zeros(len(unique_ids), grads.shape[-1], dtype=grads.dtype).index_add_(0, inverse, grads)
+    out = weights.clone()
+    out[unique_ids] = out[unique_ids].mul_(1 - lr * wd).add_(torch.sign(summed).to(out.dtype), alpha=-lr)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sign_sgd_equals_the_update_by_unique_ids_bit_for_bit(dtype: torch.dtype) -> None:
+    """Random ids with many repeats, and gradient rows of which many nearly cancel (where two meet
+    on an id, the sign of the sum depends on the order the rows are added in)."""
+    gen = torch.Generator().manual_seed(4)
+    for trial in range(5):
+        emb = random_embedding(60, 8)
+        table = emb.weights.to(dtype)
+        ids = torch.randint(0, 12 + 10 * trial, (64,), generator=gen)
+        grads = torch.randn(64, 8, generator=gen, dtype=dtype)
+        grads[1::2] = -grads[::2] + torch.randn(32, 8, generator=gen, dtype=dtype) * 1e-6
+        emb.local_ids, emb.local_weights = ids, torch.zeros(64, 8, dtype=dtype, requires_grad=True)
+        emb.local_weights.grad = grads
+        emb.weights = table.clone()
+        SignSGDPuzzleEmbedding(emb, lr=0.1, weight_decay=0.5).step()
+        assert torch.equal(emb.weights, _sign_sgd_by_unique(table, ids, grads, 0.1, 0.5))
+
+
 def _sign_sgd_and_ddp_rank(rank: int, world_size: int) -> tuple:
     emb = random_embedding(5, 2)
     ids = torch.tensor([[0, 2], [2, 3]])[rank]

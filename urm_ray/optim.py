@@ -246,6 +246,19 @@ def _all_gather_rows(ids: Tensor, grads: Tensor) -> tuple[Tensor, Tensor]:
     return torch.cat(id_parts), torch.cat(grad_parts)  # [world*B], [world*B, D]
 
 
+def _summed_by_id(ids: Tensor, grads: Tensor) -> tuple[Tensor, Tensor]:
+    """ids [N] and gradient rows [N, D] -> (the ids, sorted [N]; at each, the sum of every row with
+    that id [N, D]). Shapes stay N whatever the ids, so nothing waits for the device to count the
+    distinct ids (``unique`` would). The stable sort adds a repeated id's rows in their order, as
+    ``index_add_`` in the batch's order does."""
+    sorted_ids, order = ids.sort(stable=True)  # [N], [N]
+    starts = torch.ones_like(sorted_ids, dtype=torch.bool)
+    starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    segment = starts.cumsum(0) - 1  # [N]: which distinct id, 0-based
+    summed = torch.zeros_like(grads).index_add_(0, segment, grads[order])  # [N, D]: first rows used
+    return sorted_ids, summed[segment]
+
+
 class SignSGDPuzzleEmbedding:
     """Sparse sign-SGD with decoupled weight decay for a `PuzzleEmbedding` table.
 
@@ -257,6 +270,9 @@ class SignSGDPuzzleEmbedding:
 
         g[id]  = sum of the gradient rows with that id
         w[id] <- w[id] * (1 - lr * weight_decay) - lr * sign(g[id])
+
+    The step waits for nothing on the host: its shapes are those of the gathered rows, whatever
+    the ids (``_summed_by_id``).
 
     Not a torch Optimizer (the table is no parameter), but it has `param_groups` (one group with
     `lr`, `weight_decay`), `step`, `zero_grad`, `state_dict` and `load_state_dict`, so a
@@ -274,13 +290,11 @@ class SignSGDPuzzleEmbedding:
         if rows is None:
             return
         ids, grads = _all_gather_rows(rows[0].to(torch.long), rows[1])
-        unique_ids, inverse = ids.unique(return_inverse=True)  # [U], [world*B]
-        summed = torch.zeros(len(unique_ids), grads.shape[-1], dtype=grads.dtype, device=grads.device)
-        summed.index_add_(0, inverse, grads)  # [U, D]
+        ids, summed = _summed_by_id(ids, grads)
         weights = self.module.weights
         lr, wd = self.param_groups[0]["lr"], self.param_groups[0]["weight_decay"]
-        rows = weights[unique_ids].mul_(1 - lr * wd).add_(torch.sign(summed).to(weights.dtype), alpha=-lr)
-        weights[unique_ids] = rows
+        rows = weights[ids].mul_(1 - lr * wd).add_(torch.sign(summed).to(weights.dtype), alpha=-lr)
+        weights[ids] = rows  # a repeated id writes the same row each time
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.module.clear_rows()

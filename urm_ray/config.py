@@ -16,8 +16,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from urm_ray import redact
 from urm_ray.data.config import DataConfig
 from urm_ray.errors import ConfigError
@@ -180,6 +178,10 @@ def preset_names() -> list[str]:
 
 def read_yaml(source: str) -> dict[str, Any]:
     """Read a config from a YAML path or a preset name."""
+    # imported here, not at the top: the training step (train/step.py) imports this module on
+    # machines that may lack PyYAML
+    import yaml
+
     path = Path(source)
     if not path.is_file():
         if source not in preset_names():
@@ -197,6 +199,8 @@ def read_yaml(source: str) -> dict[str, Any]:
 
 def parse_overrides(overrides: list[str], example: str = "model.loops=8") -> dict[str, Any]:
     """``key.sub=value`` strings -> {dotted key: value parsed as a YAML scalar}, in order."""
+    import yaml
+
     out: dict[str, Any] = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -269,5 +273,7 @@ def replace(cfg: RunConfig, overrides: list[str]) -> RunConfig:
 
 def dump_yaml(cfg: RunConfig) -> str:
     """The config as ``config.yaml`` records it: no secret (``redact.strip``)."""
+    import yaml
+
     return yaml.safe_dump(redact.strip(to_dict(cfg)), sort_keys=False)
 

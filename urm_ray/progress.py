@@ -22,9 +22,10 @@ import logging
 import sys
 import time
 from contextlib import ExitStack
+from typing import TYPE_CHECKING
 
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 logger = logging.getLogger("urm_ray.progress")
 
@@ -140,6 +141,10 @@ class Progress:
         logger.info("%s", self.line())
 
     def _open(self) -> None:
+        # imported here: the dataset tasks import this module where tqdm may be absent
+        from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
         self._bar = tqdm(total=self.total or None, initial=self.done, desc=self._description(),
                          unit=self.unit, file=sys.stderr, dynamic_ncols=True, leave=True)
         self._stack.enter_context(logging_redirect_tqdm())  # log records above the bar

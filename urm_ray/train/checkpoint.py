@@ -26,7 +26,6 @@ import numpy as np
 import pyarrow
 import pyarrow.fs
 import torch
-import yaml
 
 from urm_ray import redact
 from urm_ray.errors import CheckpointWriteError, DataError
@@ -92,6 +91,10 @@ def save(
         "ranks": ranks if ranks is not None else [rank_state(None)],
     }
     torch.save(state, folder / STATE_FILE)
+    # imported here, not at the top: the training step (step.py) imports this module on machines
+    # that may lack PyYAML
+    import yaml
+
     (folder / CONFIG_FILE).write_text(yaml.safe_dump(redact.strip(config), sort_keys=False))
 
 
@@ -149,6 +152,8 @@ def load_config_dict(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise DataError(f"{folder}: not a urm_ray checkpoint folder ({CONFIG_FILE} is missing); expected "
                         "a checkpoint_<time> folder under train.storage_path/<run_name>")
+    import yaml
+
     return yaml.safe_load(path.read_text())
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from urm_ray import heartbeat, tracking
 from urm_ray.errors import ConfigError
 from urm_ray.table import render
-from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, KIND_TAG, TRIAL_TAG, RunSummary
+from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, KIND_TAG, RESUMED_TAG_PREFIX, TRIAL_TAG, RunSummary
 
 METRIC = "eval/exact_accuracy"
 STEP_KEY = "train/lr"  # logged at every report
@@ -52,7 +52,7 @@ def checkpoint(run: RunSummary) -> str:
     """The run's final checkpoint, else its latest local one; an evaluation: the one it scored."""
     if CHECKPOINT_TAG in run.tags or "checkpoint" in run.params:
         return run.tags.get(CHECKPOINT_TAG) or run.params["checkpoint"]
-    storage, name = run.params.get("train.storage_path", ""), run.params.get("train.run_name", "")
+    storage, name = config_value(run, "train.storage_path", ""), run.params.get("train.run_name", "")
     if not storage or not name or "://" in storage:
         return ""
     # imported here: it imports torch, which `urm-ray runs` otherwise never needs
@@ -62,9 +62,14 @@ def checkpoint(run: RunSummary) -> str:
     return str(latest) if latest else ""
 
 
+def config_value(run: RunSummary, key: str, default: str) -> str:
+    """The run's config value of ``key``: its param, or the value a resume changed it to."""
+    return run.tags.get(f"{RESUMED_TAG_PREFIX}{key}", run.params.get(key, default))
+
+
 def train_row(uri: str, run: RunSummary, now: float | None = None) -> list[str]:
     steps = [step for step, _ in tracking.metric_history(uri, run.run_id, STEP_KEY)]
-    total = run.params.get("train.steps", "?")
+    total = config_value(run, "train.steps", "?")
     values = [value for _, value in tracking.metric_history(uri, run.run_id, METRIC)]
     return [run.experiment, run.run_name, kind(run), state(run, now),
             f"{max(steps)}/{total}" if steps else "-", _value(max(values)) if values else "-",

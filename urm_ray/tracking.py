@@ -2,7 +2,8 @@
 
 The only module that imports mlflow. The driver opens (or re-opens, on resume) the run and
 passes its id to the workers; rank 0 logs into it through a ``MlflowTracker``, every other rank
-gets a ``NullTracker``. Runs are found again by the tag ``urm_ray.run_name``, so a resumed
+gets a ``NullTracker``. The tracker writes from a thread of its own and rides out a tracking
+store that goes away for a while (``MlflowTracker``). Runs are found again by the tag ``urm_ray.run_name``, so a resumed
 training run keeps logging into the same MLflow run instead of starting a second one. Sweeps
 use the helpers at the end: runs found by name, nested runs, tags, artifacts, model registry.
 """
@@ -11,21 +12,32 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+import requests
 
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from urm_ray import redact
+from urm_ray import outbox, redact
+from urm_ray.errors import TrackingUnavailable
+from urm_ray.outbox import Outbox, one_line
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 RUN_NAME_TAG = "urm_ray.run_name"
 PARENT_TAG = "mlflow.parentRunId"
@@ -36,6 +48,9 @@ SWEEP_TAG = "urm_ray.sweep"
 TRIAL_TAG = "urm_ray.trial"
 CHECKPOINT_TAG = "urm_ray.checkpoint"  # the final checkpoint (folder or URI) of a finished run
 HEARTBEAT_TAG = "urm_ray.heartbeat"  # unix time of the driver's last beat (`urm_ray.heartbeat`)
+DRIVER_TAG = "urm_ray.driver"  # host:pid of the process that trains the run (`train.resume`)
+# + a config key: its value since a resume changed it (the param keeps the first start's value)
+RESUMED_TAG_PREFIX = "urm_ray.resumed."
 # The experiment's kind as MLflow 3 records it (what its UI's experiment-type setting writes;
 # values in mlflow/server/js: genai_development, custom_model_development, ...): every experiment
 # urm_ray creates or logs into is model training. MLflow 3.17's own UI picks its view by the
@@ -45,13 +60,18 @@ MODEL_TRAINING = "custom_model_development"
 UI_DEFAULT = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
 _BATCH_LIMIT = 100  # MLflow accepts at most 100 params per log_batch call
 _DATASET_ATTEMPTS = 3  # log_inputs tries: the dataset's insert races with concurrent runs
+_METRIC_LIMIT = 1000  # MLflow accepts at most 1000 metrics per log_batch call
+# How long the end of a run waits for an unreachable tracking store to write what the run logged
+# (then TrackingUnavailable); a failed run waits FAILED_FLUSH_S, its own error being the news.
+FLUSH_LIMIT_S = 600.0
+FAILED_FLUSH_S = 10.0
 
 
 class Tracker(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
-    def close(self) -> None: ...
+    def close(self, limit_s: float | None = None) -> None: ...
 
 
 class NullTracker:
@@ -66,43 +86,167 @@ class NullTracker:
     def set_tags(self, tags: dict[str, str]) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, limit_s: float | None = None) -> None:
         pass
+
+
+def transient(err: BaseException) -> bool:
+    """Whether another try may succeed: the store is unreachable, overloaded or locked (connection
+    errors, HTTP 5xx and 429, SQLite's "database is locked"), not refusing the request (4xx)."""
+    if "database is locked" in str(err):
+        return True
+    if isinstance(err, MlflowException):
+        status = err.get_http_status_code()
+        return status >= 500 or status == 429
+    return isinstance(err, (ConnectionError, TimeoutError, requests.ConnectionError, requests.Timeout))
+
+
+@dataclass
+class _Report:
+    """The metrics of one report, stamped when logged: a write tried again repeats the stamp, and
+    MLflow keeps one row per key, step, stamp and value, so a write that landed before its reply
+    was lost is not doubled."""
+
+    step: int
+    timestamp_ms: int
+    metrics: dict[str, float]
+
+
+@dataclass
+class _Extra:
+    """Tags or an artifact, written in their place among the reports."""
+
+    what: str  # for messages: "artifact curves/step-0000100.png"
+    write: Callable[[MlflowClient, str], None]  # (client, run id)
 
 
 class MlflowTracker:
-    """Logs into an existing MLflow run by id (batched metric calls).
+    """Logs into an existing MLflow run by id, from a thread of its own (``outbox.Outbox``).
 
     At most one value per metric and step, whatever restarts happened: a run resumed from a
     checkpoint replays the steps between that checkpoint and the crash, and those steps (up to
-    the last one the run already logged, ``logged_until``) are not logged a second time.
+    the last one the run already logged, ``logged_until``) are not logged a second time; nor is
+    a step this tracker was given already.
+
+    The store may go away for a while (a restarted tracking server, a long SQLite lock): a write
+    that fails for a ``transient`` reason is tried again with backoff while training goes on,
+    what is logged meanwhile waits in memory in order, and a warning says when the store went
+    away and when it is back. ``close`` waits up to ``flush_limit_s`` for the rest, then raises
+    TrackingUnavailable naming what was not written. Metrics the store refuses for good (a 4xx)
+    raise at the next ``log`` or at ``close``; tags and artifacts refused so are warned about.
     """
 
-    def __init__(self, tracking_uri: str, run_id: str, step_key: str = "train/lr") -> None:
+    def __init__(self, tracking_uri: str, run_id: str, step_key: str = "train/lr",
+                 flush_limit_s: float = FLUSH_LIMIT_S) -> None:
         self.client = MlflowClient(tracking_uri)
-        self.run_id = run_id
-        history = self.client.get_metric_history(run_id, step_key)  # logged at every report
-        self.logged_until = max((m.step for m in history), default=-1)
+        self.run_id, self.step_key, self.flush_limit_s = run_id, step_key, flush_limit_s
+        self.logged_until: int | None = None  # read from the store before the first write
+        self._last_step = -1
+        self._spool: Path | None = None  # artifacts' copies, kept until written
+        self._outbox = Outbox(self._write, transient, f"MLflow tracking store {redact.redact(tracking_uri)}")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        if step <= self.logged_until:
+        if step <= self._last_step:
             return
-        now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
-        self.client.log_batch(self.run_id, metrics=batch)
+        self._last_step = step
+        values = {k: float(v) for k, v in metrics.items()}
+        self._outbox.put(_Report(step, int(time.time() * 1000), values))
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        path = Path(path)
-        if path.is_dir():
-            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        """Logs a copy of ``path`` (a file or a folder): the caller may remove it at once."""
+        if self._spool is None:
+            self._spool = Path(tempfile.mkdtemp(prefix="urm_ray-mlflow-"))
+        folder = Path(tempfile.mkdtemp(dir=self._spool))
+        copy = folder / Path(path).name
+        if Path(path).is_dir():
+            shutil.copytree(path, copy)
         else:
-            self.client.log_artifact(self.run_id, str(path), artifact_path)
+            shutil.copy2(path, copy)
+
+        def write(client: MlflowClient, run_id: str) -> None:
+            _log_artifact(client, run_id, copy, artifact_path)
+            shutil.rmtree(folder, ignore_errors=True)
+
+        self._outbox.put(_Extra(f"artifact {Path(artifact_path or '', copy.name)}", write))
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self.client.log_batch(self.run_id, tags=[RunTag(k, redact.strip(str(v))) for k, v in tags.items()])
+        batch = _run_tags(tags)
+        self._outbox.put(_Extra(f"tags {', '.join(tags)}", lambda client, run_id: client.log_batch(
+            run_id, tags=batch)))
 
-    def close(self) -> None:
-        pass
+    def close(self, limit_s: float | None = None) -> None:
+        """Waits until everything logged is written, up to ``limit_s`` (None: ``flush_limit_s``)."""
+        limit = self.flush_limit_s if limit_s is None else limit_s
+        try:
+            unwritten = self._outbox.close(limit)
+        finally:
+            if self._spool is not None:
+                shutil.rmtree(self._spool, ignore_errors=True)
+        if unwritten:
+            raise TrackingUnavailable(self._not_written(unwritten, limit))
+
+    def _write(self, items: list[_Report | _Extra]) -> int:
+        """Writes the leading reports (as many as one call takes), else the leading tags or
+        artifact; returns how many items that was."""
+        if isinstance(items[0], _Extra):
+            try:
+                items[0].write(self.client, self.run_id)
+            except Exception as err:
+                if transient(err):
+                    raise
+                logger.warning("%s not written to MLflow run %s: %s", items[0].what, self.run_id, one_line(err))
+            return 1
+        if self.logged_until is None:
+            self.logged_until = _logged_until(self.client, self.run_id, self.step_key)
+        reports: list[_Report] = []
+        for item in items:
+            if not isinstance(item, _Report) or (
+                    reports and sum(len(r.metrics) for r in reports) + len(item.metrics) > _METRIC_LIMIT):
+                break
+            reports.append(item)
+        batch = [Metric(k, v, r.timestamp_ms, r.step) for r in reports if r.step > self.logged_until
+                 for k, v in r.metrics.items()]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
+        return len(reports)
+
+    def _not_written(self, items: list[_Report | _Extra], limit_s: float) -> str:
+        steps = [item.step for item in items if isinstance(item, _Report)]
+        lost = [f"the metrics of step {steps[0]}" if len(steps) == 1 else
+                f"the metrics of the {len(steps)} reports of steps {steps[0]} to {steps[-1]}"] if steps else []
+        lost += [item.what for item in items if isinstance(item, _Extra)]
+        error = self._outbox.last_error
+        return (f"{self._outbox.store} still unreachable after waiting {limit_s:.0f} s for it"
+                f"{f' ({one_line(error)})' if error is not None else ''}: {' and '.join(lost)} not "
+                f"written to MLflow run {self.run_id} (checkpoints are not affected)")
+
+
+def _logged_until(client: MlflowClient, run_id: str, step_key: str = "train/lr") -> int:
+    """The last step at which the run logged ``step_key`` (-1: none)."""
+    return max((m.step for m in client.get_metric_history(run_id, step_key)), default=-1)
+
+
+def _log_artifact(client: MlflowClient, run_id: str, path: Path, artifact_path: str | None) -> None:
+    if path.is_dir():
+        client.log_artifacts(run_id, str(path), artifact_path)
+    else:
+        client.log_artifact(run_id, str(path), artifact_path)
+
+
+def _run_tags(tags: dict[str, str]) -> list[RunTag]:
+    return [RunTag(k, redact.strip(str(v))) for k, v in tags.items()]
+
+
+def retried(what: str, call: Callable[[], T], limit_s: float = FLUSH_LIMIT_S) -> T:
+    """``call()``, an MLflow call at the end of a run, tried again while the store is away (as
+    ``MlflowTracker`` does), for up to ``limit_s``; then TrackingUnavailable naming ``what``."""
+    try:
+        return outbox.retried(call, transient, what, limit_s)
+    except Exception as err:
+        if not transient(err):
+            raise
+        raise TrackingUnavailable(f"{what}: the MLflow tracking store stayed unreachable for "
+                                  f"{limit_s / 60:.0f} min ({one_line(err)})") from err
 
 
 def resolve_tracking_uri(configured: str) -> str:
@@ -358,7 +502,7 @@ def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, 
 
 
 def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
-    MlflowTracker(tracking_uri, run_id).set_tags(tags)
+    MlflowClient(tracking_uri).log_batch(run_id, tags=_run_tags(tags))
 
 
 def delete_tags(tracking_uri: str, run_id: str, keys: list[str]) -> None:
@@ -370,12 +514,16 @@ def delete_tags(tracking_uri: str, run_id: str, keys: list[str]) -> None:
 
 
 def log_metrics(tracking_uri: str, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
-    MlflowTracker(tracking_uri, run_id).log(metrics, step)
+    """Logs at once, unless the run already logged ``step`` (as ``MlflowTracker`` does)."""
+    client = MlflowClient(tracking_uri)
+    if step > _logged_until(client, run_id):
+        now = int(time.time() * 1000)
+        client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
 
 def log_artifact(tracking_uri: str, run_id: str, path: str | Path,
                  artifact_path: str | None = None) -> None:
-    MlflowTracker(tracking_uri, run_id).log_artifact(path, artifact_path)
+    _log_artifact(MlflowClient(tracking_uri), run_id, Path(path), artifact_path)
 
 
 def register_torch_model(tracking_uri: str, run_id: str, model: Any, registered_name: str,

@@ -5,7 +5,9 @@
 The driver checks the config against the dataset and the cluster before any work, opens (or on
 resume re-opens) the MLflow run and records the resolved config and the dataset in it, streams the
 dataset with Ray Data, and after training uploads the final checkpoint to MLflow. Reusing
-``train.run_name`` with the same ``train.storage_path`` resumes from the latest checkpoint.
+``train.run_name`` with the same ``train.storage_path`` resumes from the latest checkpoint, once
+``resume`` has checked that the config changed only where a resume may, and that no other driver
+trains the run now.
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import registry
 from urm_ray.errors import ConfigError, DataError, Interrupted, TrainingDiverged, TrainingFailed
 from urm_ray.objectives import objective_for
+from urm_ray.outbox import one_line
 from urm_ray.progress import Progress
-from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, REASON_TAG, make_tracker
+from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, KIND_TAG, REASON_TAG, make_tracker
+from urm_ray.train import resume
 from urm_ray.train.checkpoint import latest_local
 from urm_ray.train.hosts import ProcessHost, TrialHost, TuneFilter
 from urm_ray.train.live import Direct, Sender, watching
@@ -225,11 +229,15 @@ def fit(
     nothing is shown). The setup phases are logged at INFO.
     """
     cfg, meta = prepare(cfg)
-    with tracking.store_opening(cfg.tracking.tracking_uri) if cfg.tracking.enabled else nullcontext():
-        if not ray.is_initialized():  # a run that will train in this process needs no dashboard
-            init_ray(verbose=verbose, dashboard=bool(callbacks) or not _alone(cfg))
-    with scaled_up(worker_bundles(cfg), scale_up_s):
-        return _fit(cfg, meta, tags, callbacks, params, progress)
+    resume.check(cfg)
+    # Tune runs one attempt of a trial at a time and restores it after a failure: not claimed
+    in_tune = (tags or {}).get(KIND_TAG) in ("trial", "seed")
+    with nullcontext() if in_tune else resume.claimed(cfg):
+        with tracking.store_opening(cfg.tracking.tracking_uri) if cfg.tracking.enabled else nullcontext():
+            if not ray.is_initialized():  # a run that will train in this process needs no dashboard
+                init_ray(verbose=verbose, dashboard=bool(callbacks) or not _alone(cfg))
+        with scaled_up(worker_bundles(cfg), scale_up_s):
+            return _fit(cfg, meta, tags, callbacks, params, progress)
 
 
 def worker_bundles(cfg: RunConfig) -> list[dict[str, float]]:
@@ -319,12 +327,16 @@ def _record_failure(cfg: RunConfig, run_id: str | None, err: BaseException,
     stopped = interrupted or isinstance(err, KeyboardInterrupt)
     # A sweep's trial stopped by its scheduler is interrupted too, after the sweep recorded its
     # fate (pruned, KILLED): that record stands.
-    decided = run_id and FATE_TAG in tracking.run_summary(cfg.tracking.tracking_uri, run_id).tags
-    if run_id and not decided:
-        if diverged is not None:
-            tracking.set_tags(cfg.tracking.tracking_uri, run_id,
-                              {FATE_TAG: "failed", REASON_TAG: str(diverged)})
-        tracking.close_run(cfg.tracking.tracking_uri, run_id, "KILLED" if stopped else "FAILED")
+    try:
+        decided = run_id and FATE_TAG in tracking.run_summary(cfg.tracking.tracking_uri, run_id).tags
+        if run_id and not decided:
+            if diverged is not None:
+                tracking.set_tags(cfg.tracking.tracking_uri, run_id,
+                                  {FATE_TAG: "failed", REASON_TAG: str(diverged)})
+            tracking.close_run(cfg.tracking.tracking_uri, run_id, "KILLED" if stopped else "FAILED")
+    except Exception as unrecorded:  # noqa: BLE001 (a tracking store away: the run's error comes first)
+        logger.warning("MLflow run %s not closed as %s: %s", run_id, "KILLED" if stopped else "FAILED",
+                       one_line(unrecorded))
     local = "://" not in cfg.train.storage_path
     latest = latest_local(Path(cfg.train.storage_path) / cfg.train.run_name) if local else None
     if diverged is None and latest is not None:
@@ -384,6 +396,7 @@ def open_mlflow_run(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | No
     heartbeat.warn_if_lost(uri, cfg.tracking.experiment, cfg.train.run_name)
     run_id = tracking.open_run(uri, cfg.tracking.experiment, cfg.train.run_name,
                                {**flatten(cfg), **(params or {})}, tags)
+    resume.record(uri, run_id, cfg)
     logger.info("MLflow run %s in experiment %r (%s)", run_id, cfg.tracking.experiment, uri)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "config.yaml"
@@ -399,13 +412,18 @@ def open_mlflow_run(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | No
 
 def _finish_mlflow(cfg: RunConfig, run_id: str, ckpt: ray.train.Checkpoint | None,
                    progress: Progress | None) -> None:
+    """The trained run's last records, each tried again while the tracking store is away
+    (``tracking.retried``): training is over and its checkpoint saved, so only a store still
+    away after ``tracking.FLUSH_LIMIT_S`` fails the command."""
+    uri = cfg.tracking.tracking_uri
     if ckpt is not None:
-        tracking.MlflowTracker(cfg.tracking.tracking_uri, run_id).set_tags(
-            {CHECKPOINT_TAG: checkpoint_uri(ckpt)})  # for `urm-ray runs`
+        tracking.retried("the checkpoint tag", lambda: tracking.set_tags(
+            uri, run_id, {CHECKPOINT_TAG: checkpoint_uri(ckpt)}))  # for `urm-ray runs`
     if ckpt is not None and cfg.tracking.log_checkpoint:
         logger.info("uploading the checkpoint to MLflow")
         if progress is not None:
             progress.phase("uploading the checkpoint to MLflow")
         with ckpt.as_directory() as folder:
-            tracking.log_artifact(cfg.tracking.tracking_uri, run_id, folder, "checkpoint")
-    tracking.close_run(cfg.tracking.tracking_uri, run_id, "FINISHED")
+            tracking.retried("the checkpoint's upload to MLflow", lambda: tracking.log_artifact(
+                uri, run_id, folder, "checkpoint"))
+    tracking.retried("closing the MLflow run", lambda: tracking.close_run(uri, run_id, "FINISHED"))

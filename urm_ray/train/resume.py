@@ -1,0 +1,277 @@
+"""Resuming a run without corrupting it: what a resume may change, and one driver per run.
+
+Reusing ``train.run_name`` resumes the run from its latest checkpoint. Two guards, both before
+Ray starts, refuse what would corrupt it:
+
+    check(cfg)              # ConfigError: a key outside RESUMABLE differs from the checkpoint's
+    with claimed(cfg):      # ConfigError: another driver trains this run now
+        ...                 # train; the claim is held until the block ends
+
+``check`` compares the resolved config with ``config.yaml`` in the run's newest complete
+checkpoint (local, or read through pyarrow's filesystem on S3). Only the keys of ``RESUMABLE``
+may differ: how long, how often, on what resources and where things are recorded. Anything else
+(model, data, optimizer, objective, seeds, precision, evaluation) would load the saved state into
+a different run, or log numbers that no longer mean the same thing, so every differing key is
+named with its saved and new value.
+
+``claimed``: on local storage the driver holds an exclusive ``flock`` on
+``<storage>/<run>/.lock`` for the run's life (the system releases it when the process ends, however
+it ends), with its host and pid written in it. On any storage, a RUNNING MLflow run whose heartbeat
+(``heartbeat.py``) is fresh has a live driver elsewhere, unless the driver it records
+(``urm_ray.driver``: host:pid) ran on this host and its process is gone. A stale heartbeat is a
+lost driver: the run resumes.
+
+``record`` keeps MLflow in step with a resume: params are immutable, so a config value that
+differs from the run's param is set as the tag ``urm_ray.resumed.<key>``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow
+import pyarrow.fs
+import yaml
+
+from urm_ray import heartbeat, redact, tracking
+from urm_ray.config import RunConfig, build_config, flatten
+from urm_ray.errors import ConfigError
+from urm_ray.tracking import DRIVER_TAG, RESUMED_TAG_PREFIX
+from urm_ray.train.checkpoint import CONFIG_FILE, STATE_FILE
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+# The keys a resume may change, and why each is safe (docs/training.md#resume-a-run).
+RESUMABLE = {
+    "train.steps": "the run's length; the learning-rate schedule follows the new total",
+    "train.log_every": "logging cadence",
+    "train.eval_every": "evaluation cadence",
+    "train.checkpoint_every": "checkpoint cadence",
+    "train.keep_checkpoints": "how many checkpoints are kept",
+    "train.eval_batch_size": "how evaluation is batched, not what it scores",
+    "train.num_workers": "a checkpoint holds each rank's state; a rank it lacks gets a fresh seed",
+    "train.cpus_per_worker": "resources",
+    "train.gpus_per_worker": "resources",
+    "train.worker_resources": "resources",
+    "train.torch_threads": "threads",
+    "train.in_process": "either host writes and reads the same checkpoints",
+    "train.max_failures": "restarts after a crash",
+    "train.storage_path": "where the checkpoints are (a moved folder)",
+    "tracking.enabled": "where the run is recorded",
+    "tracking.experiment": "where the run is recorded",
+    "tracking.tracking_uri": "where the run is recorded",
+    "tracking.log_checkpoint": "whether the final checkpoint is uploaded",
+}
+_UNSET = object()  # a key one side's config does not have
+
+
+def resumable(key: str) -> bool:
+    section = key.rpartition(".")[0]  # train.worker_resources.<name>
+    return key in RESUMABLE or section in RESUMABLE
+
+
+# --- the config a resume may change -------------------------------------------------------------
+
+
+def saved_config(storage_path: str, run_name: str) -> tuple[str, dict[str, Any]] | None:
+    """(folder, config) of the run's newest complete checkpoint whose ``config.yaml`` reads;
+    None: the run has none, it starts afresh. Local folders and s3:// alike, through pyarrow."""
+    if "://" in storage_path:
+        fs, root = pyarrow.fs.FileSystem.from_uri(storage_path)
+        scheme = f"{fs.type_name}://"
+    else:
+        fs, root, scheme = pyarrow.fs.LocalFileSystem(), storage_path, ""
+    selector = pyarrow.fs.FileSelector(f"{root.rstrip('/')}/{run_name}", allow_not_found=True)
+    folders = sorted(info.path for info in fs.get_file_info(selector)
+                     if info.type == pyarrow.fs.FileType.Directory
+                     and info.base_name.startswith("checkpoint_2"))
+    for folder in reversed(folders):
+        if fs.get_file_info(f"{folder}/{STATE_FILE}").type != pyarrow.fs.FileType.File:
+            continue  # incomplete: state.pt is written last
+        try:
+            with fs.open_input_stream(f"{folder}/{CONFIG_FILE}") as stream:
+                data = yaml.safe_load(stream.read())
+        except (OSError, pyarrow.ArrowException, yaml.YAMLError) as err:
+            logger.warning("%s%s/%s unreadable (%s): comparing with an older checkpoint",
+                           scheme, folder, CONFIG_FILE, err)
+            continue
+        if isinstance(data, dict):
+            return f"{scheme}{folder}", data
+    return None
+
+
+def differences(saved: dict[str, Any], cfg: RunConfig, where: str) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (saved value, new value)} for every key whose values differ; a key one side
+    lacks has ``_UNSET`` there. The saved config is built as a new one is, so defaults and types
+    match; ``where``: the checkpoint folder, for the error if it no longer builds."""
+    try:
+        with warnings.catch_warnings():  # its own warnings were shown when it ran
+            warnings.simplefilter("ignore")
+            before = flatten(build_config(saved))
+    except ConfigError as err:
+        raise ConfigError(f"train.run_name={cfg.train.run_name}: the config of its checkpoint "
+                          f"{where} does not load ({err}); start a new run with another "
+                          "train.run_name") from err
+    after = redact.strip(flatten(cfg))  # config.yaml holds no secret
+    return {key: (before.get(key, _UNSET), after.get(key, _UNSET)) for key in {*before, *after}
+            if before.get(key, _UNSET) != after.get(key, _UNSET)}
+
+
+def check(cfg: RunConfig) -> None:
+    """Refuse the resume of a resolved config that differs from its checkpoint's beyond
+    ``RESUMABLE``, naming each key with both values and how to go on. A new run passes."""
+    found = saved_config(cfg.train.storage_path, cfg.train.run_name)
+    if found is None:
+        return
+    where, saved = found
+    refused = {key: pair for key, pair in differences(saved, cfg, where).items() if not resumable(key)}
+    if not refused:
+        return
+    keys = sorted(refused)
+    listed = "; ".join(f"{key}: saved {_text(refused[key][0])}, now {_text(refused[key][1])}"
+                       for key in keys)
+    restore = " ".join(f"{key}={_text(refused[key][0])}" for key in keys if refused[key][0] is not _UNSET)
+    raise ConfigError(
+        f"train.run_name={cfg.train.run_name} resumes from {where}, whose config differs in {listed}. "
+        "A resume may change only its length, cadences, resources and tracking (the keys listed in "
+        "docs/training.md, Resume a run). Start a new run with another "
+        f"train.run_name, or pass the saved values: {restore}")
+
+
+def _text(value: Any) -> str:
+    """A value as an override writes it (``model.hidden_size=16``)."""
+    if value is _UNSET:
+        return "(not set)"
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip()
+    return text.removesuffix("...").strip()
+
+
+# --- one driver per run -------------------------------------------------------------------------
+
+
+def this_driver() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@contextmanager
+def claimed(cfg: RunConfig) -> Iterator[None]:
+    """Hold the run for this process while the block runs, or refuse it with ConfigError: the
+    local lock (local storage), then the MLflow heartbeat (tracking on)."""
+    with _locked(cfg):
+        _refuse_if_beating(cfg)
+        yield
+
+
+@contextmanager
+def _locked(cfg: RunConfig) -> Iterator[None]:
+    """The exclusive ``flock`` on ``<storage>/<run>/.lock`` (nothing on remote storage). The file
+    stays after the run: removing it would let two processes lock two different files."""
+    if "://" in cfg.train.storage_path:
+        yield
+        return
+    folder = Path(cfg.train.storage_path) / cfg.train.run_name
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 256, 0).decode(errors="replace").strip()
+            raise ConfigError(_busy(cfg, holder, _beat_age(cfg), folder / LOCK_FILE)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{this_driver()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _running_run(cfg: RunConfig) -> tracking.RunSummary | None:
+    """The run's MLflow record when it says RUNNING (None: tracking off, no store, no such run)."""
+    uri = cfg.tracking.tracking_uri
+    if not cfg.tracking.enabled:
+        return None
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        return None  # no store yet (and opening it here would create it before Ray starts)
+    with tracking.sqlite_creation_lock(uri):  # a store another command is creating now
+        run_id = tracking.find_run_id(uri, cfg.tracking.experiment, cfg.train.run_name)
+        run = None if run_id is None else tracking.run_summary(uri, run_id)
+    return run if run is not None and run.status == "RUNNING" else None
+
+
+def _beat_age(cfg: RunConfig) -> float | None:
+    run = _running_run(cfg)
+    return None if run is None else heartbeat.last_beat_age(run.tags)
+
+
+def _refuse_if_beating(cfg: RunConfig) -> None:
+    run = _running_run(cfg)
+    age = None if run is None else heartbeat.last_beat_age(run.tags)
+    if run is None or age is None or age > heartbeat.STALE_S:
+        return  # finished, never beat, or its driver was lost (`heartbeat.warn_if_lost` says so)
+    driver = run.tags.get(DRIVER_TAG, "")
+    if _gone(driver):
+        logger.warning("MLflow run %s says RUNNING, beating %.0f s ago, but its driver (%s) is gone "
+                       "from this host; resuming it", cfg.train.run_name, age, driver)
+        return
+    raise ConfigError(_busy(cfg, driver, age, None))
+
+
+def _gone(driver: str) -> bool:
+    """Whether ``host:pid`` names a process of this host that no longer runs (or this one: a
+    run this process left RUNNING)."""
+    host, _, pid = driver.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False  # another host's process cannot be seen from here
+    if int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
+
+
+def _busy(cfg: RunConfig, driver: str, age: float | None, lock: Path | None) -> str:
+    host, _, pid = driver.rpartition(":")
+    where = f"on {host}, pid {pid}" if host and pid else "by another process"
+    beat = "" if age is None else f", its heartbeat {age:.0f} s old"
+    held = f" (it holds {lock})" if lock is not None else ""
+    return (f"train.run_name={cfg.train.run_name} is training now {where}{held}{beat}: one driver "
+            f"trains a run at a time. Wait for it to end, or start another train.run_name; a driver "
+            f"that died without closing its MLflow run stops counting once its heartbeat is "
+            f"{heartbeat.STALE_S:.0f} s old")
+
+
+# --- MLflow after a resume ----------------------------------------------------------------------
+
+
+def record(tracking_uri: str, run_id: str, cfg: RunConfig) -> None:
+    """Tag the run with this driver (``urm_ray.driver``) and with every config value that now
+    differs from its param (``urm_ray.resumed.<key>``); drop the resumed tags that match again."""
+    run = tracking.run_summary(tracking_uri, run_id)
+    values = {key: _param_text(value) for key, value in flatten(cfg).items()}
+    changed = {f"{RESUMED_TAG_PREFIX}{key}": value for key, value in values.items()
+               if key in run.params and run.params[key] != value}
+    tracking.set_tags(tracking_uri, run_id, {DRIVER_TAG: this_driver(), **changed})
+    stale = [tag for tag in run.tags if tag.startswith(RESUMED_TAG_PREFIX) and tag not in changed]
+    if stale:
+        tracking.delete_tags(tracking_uri, run_id, stale)
+    for tag, value in changed.items():
+        logger.info("resumed with %s=%s (MLflow param: %s)", tag[len(RESUMED_TAG_PREFIX):], value,
+                    run.params[tag[len(RESUMED_TAG_PREFIX):]])
+
+
+def _param_text(value: Any) -> str:
+    """A config value as MLflow's params record it (``tracking.open_run``)."""
+    return redact.strip(str(list(value) if isinstance(value, tuple) else value))

@@ -44,6 +44,23 @@ class TrainingDiverged(TrainingFailed):
         return cls(text[start:].splitlines()[0].strip())
 
 
+class CheckpointError(DataError):
+    """A checkpoint's ``state.pt`` cannot be read: missing, truncated or corrupt; the message
+    names the file."""
+
+
+class CheckpointRefused(CheckpointError):
+    """A ``state.pt`` holds objects a urm_ray checkpoint never holds (a pickle that would call a
+    function or build a class outside the allowlist); it is refused unread, nothing of it runs.
+    The message names the file and what it asked for."""
+
+
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written to the run's storage (full disk, lost access); the
     message names the step and the destination, and nothing partial is left there."""
+
+
+class TrackingUnavailable(TrainingFailed):
+    """The MLflow tracking store stayed unreachable past the time urm_ray waits for it at the end
+    of a run (``tracking.FLUSH_LIMIT_S``); the message names the store and what was not written.
+    Checkpoints are not affected: they are saved before the run waits for its tracking."""

@@ -4,6 +4,8 @@ While a run trains (or a sweep runs), a daemon thread of the process that opened
 time into the run's ``urm_ray.heartbeat`` tag every ``BEAT_S`` seconds. A run still RUNNING
 whose last beat is older than ``STALE_S`` lost its driver (SIGKILL, a dead node, a closed laptop):
 ``urm-ray runs`` shows it as failed ("driver lost"), and a resume says so before it reopens it.
+A beat the store misses (a tracking server restarting) is warned about, once per outage, and
+never stops the run.
 The W&B "crashed" state works the same way.
 
     with beating(tracking_uri, run_id):
@@ -20,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from urm_ray import tracking
+from urm_ray.outbox import one_line
 from urm_ray.tracking import HEARTBEAT_TAG
 
 logger = logging.getLogger(__name__)
@@ -29,11 +32,20 @@ BEAT_S = 30.0
 STALE_S = 300.0
 
 
-def _beat(tracking_uri: str, run_id: str) -> None:
+def _beat(tracking_uri: str, run_id: str, missing: bool = False) -> bool:
+    """One beat; returns whether it was missed. ``missing``: the previous one was. A run of missed
+    beats is warned about at its first and when beats are written again."""
     try:
         tracking.set_tags(tracking_uri, run_id, {HEARTBEAT_TAG: f"{time.time():.0f}"})
     except Exception as err:  # a missed beat must never stop training
-        logger.debug("heartbeat of run %s not written: %s", run_id, err)
+        if not missing:
+            logger.warning("heartbeat of MLflow run %s not written (%s); training goes on. Should "
+                           "none be written for %.0f min, `urm-ray runs` shows the run as driver "
+                           "lost meanwhile", run_id, one_line(err), STALE_S / 60)
+        return True
+    if missing:
+        logger.warning("heartbeat of MLflow run %s written again", run_id)
+    return False
 
 
 @contextmanager
@@ -43,12 +55,13 @@ def beating(tracking_uri: str, run_id: str | None, every_s: float = BEAT_S) -> I
     if run_id is None:
         yield
         return
-    _beat(tracking_uri, run_id)
+    missing = _beat(tracking_uri, run_id)
     stop = threading.Event()
 
     def loop() -> None:
+        nonlocal missing
         while not stop.wait(every_s):
-            _beat(tracking_uri, run_id)
+            missing = _beat(tracking_uri, run_id, missing)
 
     thread = threading.Thread(target=loop, name=f"heartbeat-{run_id[:8]}", daemon=True)
     thread.start()

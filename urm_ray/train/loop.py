@@ -10,6 +10,7 @@ barrier); rank 0 writes checkpoints and logs to MLflow.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -31,12 +32,15 @@ from urm_ray.eval.inrun import InRun, Ranks
 from urm_ray.losses import per_row
 from urm_ray.models.task import TaskSpec
 from urm_ray.objectives import objective_for
-from urm_ray.tracking import Tracker, make_tracker
+from urm_ray.outbox import one_line
+from urm_ray.tracking import FAILED_FLUSH_S, Tracker, make_tracker
 from urm_ray.train import checkpoint
 from urm_ray.train.hosts import Host, WorkerHost
 from urm_ray.train.live import Sender
 from urm_ray.train.step import TrainState, build_state, evaluation_model, train_step
 from urm_ray.typed import to_dict
+
+logger = logging.getLogger(__name__)
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
@@ -122,10 +126,24 @@ class Loop:
         # Closed as soon as training ends or fails: a suspended generator is otherwise closed by
         # the garbage collector only (not while a traceback holds this frame), and until then Ray
         # Data's prefetch thread runs on in this worker and the SplitCoordinator's epoch with it.
-        with closing(self._batches()) as batches:
-            self._train(batches)
+        try:
+            with closing(self._batches()) as batches:
+                self._train(batches)
+        except BaseException:
+            self._close_tracker_after_failure()
+            raise
         self.progress.phase("stopping the workers")
+        # the last checkpoint is saved by now: a tracking store that stays away fails the run
+        # (TrackingUnavailable) with nothing lost but the records not written
         self.tracker.close()
+
+    def _close_tracker_after_failure(self) -> None:
+        """Write what was logged before a failure, waiting briefly for an absent store: the
+        failure is the error to report."""
+        try:
+            self.tracker.close(FAILED_FLUSH_S)
+        except Exception as err:  # noqa: BLE001 (the run's own error follows)
+            logger.warning("%s", one_line(err))
 
     def _train(self, batches: Iterator[dict[str, torch.Tensor]]) -> None:
         cfg, position = self.cfg.train, self.state.position

@@ -3,9 +3,10 @@
 The only module that imports mlflow. The driver opens (or re-opens, on resume) the run and
 passes its id to the workers; rank 0 logs into it through a ``MlflowTracker``, every other rank
 gets a ``NullTracker``. The tracker writes from a thread of its own and rides out a tracking
-store that goes away for a while (``MlflowTracker``). Runs are found again by the tag ``urm_ray.run_name``, so a resumed
-training run keeps logging into the same MLflow run instead of starting a second one. Sweeps
-use the helpers at the end: runs found by name, nested runs, tags, artifacts, model registry.
+store that goes away for a while (``MlflowTracker``). Runs are found again by the tag
+``urm_ray.run_name``, so a resumed training run keeps logging into the same MLflow run instead
+of starting a second one. Sweeps use the helpers at the end: runs found by name, nested runs,
+tags, artifacts, model registry.
 """
 
 from __future__ import annotations
@@ -194,7 +195,8 @@ class MlflowTracker:
             except Exception as err:
                 if transient(err):
                     raise
-                logger.warning("%s not written to MLflow run %s: %s", items[0].what, self.run_id, one_line(err))
+                logger.warning("%s not written to MLflow run %s: %s", items[0].what, self.run_id,
+                               one_line(err))
             return 1
         if self.logged_until is None:
             self.logged_until = _logged_until(self.client, self.run_id, self.step_key)
@@ -212,9 +214,10 @@ class MlflowTracker:
 
     def _not_written(self, items: list[_Report | _Extra], limit_s: float) -> str:
         steps = [item.step for item in items if isinstance(item, _Report)]
-        lost = [f"the metrics of step {steps[0]}" if len(steps) == 1 else
-                f"the metrics of the {len(steps)} reports of steps {steps[0]} to {steps[-1]}"] if steps else []
-        lost += [item.what for item in items if isinstance(item, _Extra)]
+        lost = [item.what for item in items if isinstance(item, _Extra)]
+        if steps:
+            lost.insert(0, f"the metrics of step {steps[0]}" if len(steps) == 1 else
+                        f"the metrics of the {len(steps)} reports of steps {steps[0]} to {steps[-1]}")
         error = self._outbox.last_error
         return (f"{self._outbox.store} still unreachable after waiting {limit_s:.0f} s for it"
                 f"{f' ({one_line(error)})' if error is not None else ''}: {' and '.join(lost)} not "

@@ -1,5 +1,6 @@
 """Shared pytest fixtures."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,8 @@ def postgres_server():
 @pytest.fixture
 def load_shipped(tmp_path: Path):
     """``load_space`` for a shipped space by name or path; an evaluation sweep's space (it names
-    a ``checkpoint``) gets a folder holding a trained run's config.yaml, all its validation reads."""
+    a ``checkpoint``) gets a folder holding a trained run's config.yaml and a state.pt, all its
+    validation reads."""
     import yaml
 
     from urm_ray.config import dump_yaml, load_config
@@ -77,6 +79,7 @@ def load_shipped(tmp_path: Path):
     folder = tmp_path / "checkpoint_0"
     folder.mkdir()
     (folder / "config.yaml").write_text(dump_yaml(load_config("sudoku4-trm")))
+    shutil.copy(Path(__file__).resolve().parent / "fixtures" / "checkpoint-v1" / "state.pt", folder)
 
     def load(source: str):
         evaluates = "checkpoint" in yaml.safe_load(find_space(source).read_text())

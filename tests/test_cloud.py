@@ -190,12 +190,14 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(runs, s3, monkey
     import ray.train
     import torch
 
+    from urm_ray.train.checkpoint import load_state
+
     for key, value in {**FAKE_AWS, "AWS_ENDPOINT_URL": s3}.items():
         monkeypatch.setenv(key, value)
     states = []
     for run in runs[1:]:
         with ray.train.Checkpoint(run["checkpoint"]).as_directory() as folder:
-            states.append(torch.load(Path(folder) / "state.pt", weights_only=False))
+            states.append(load_state(Path(folder)))
     resumed, straight = states
     assert resumed["position"] == straight["position"] and len(resumed["ranks"]) == 2
     for name, value in straight["model"].items():

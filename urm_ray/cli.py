@@ -106,6 +106,7 @@ def _eval(args: argparse.Namespace) -> None:
     from urm_ray.eval import offline
 
     live = sys.stderr.isatty()
+    offline.check_checkpoint(args.checkpoint)  # a crafted or damaged state.pt: refused before Ray
     settings = _test_time(args)
     if settings is not None:
         _eval_test_time(args, settings, live)

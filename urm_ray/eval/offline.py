@@ -55,19 +55,27 @@ def check_temperature(cfg: RunConfig, temperature: Optional[float]) -> None:
         raise ConfigError(f"--temperature: {cfg.model.name} draws no samples (a GRAM model does)")
 
 
-def _load(folder: str | Path) -> tuple[RunConfig, torch.nn.Module, int]:
+def check_checkpoint(folder: str | Path) -> None:
+    """Refuse, before any Ray work, a local folder that is no checkpoint or whose ``state.pt``
+    does not load as data (``CheckpointError``); a URI is checked as it is read."""
+    if "://" not in str(folder):
+        config_of(folder)
+        checkpoint.load_state(Path(folder))
+
+
+def _load(folder: str | Path, shown_as: str = "") -> tuple[RunConfig, torch.nn.Module, int]:
     """(config, evaluation model, optimizer step of the checkpoint); ``folder`` may be a URI."""
     if "://" in str(folder):
         import ray.train
 
         with ray.train.Checkpoint(str(folder)).as_directory() as local:
-            return _load(local)
+            return _load(local, str(folder))
     folder = Path(folder)
     cfg = config_of(folder)
+    state = checkpoint.load_state(folder, shown_as)  # refused before any dataset is read
     meta = stream.load_meta(cfg.data)
     table_size = stream.puzzle_table_size(meta, cfg.data)
     model = build_model(cfg.model, TaskSpec(meta.vocab_size, meta.seq_len, table_size))
-    state = checkpoint.load_state(folder)
     model.load_state_dict(state["model"])
     if state["ema"] is not None:
         ema = EMA(model, state["ema"]["decay"])

@@ -40,10 +40,23 @@ class Host(Protocol):
 
 
 def _load(ckpt: ray.train.Checkpoint | None) -> dict[str, Any] | None:
+    """The state of ``ckpt``, or of the newest earlier checkpoint beside it when it does not read
+    whole (``checkpoint.load_newest``). Ray Train writes through ``checkpoint.upload``, but Tune
+    copies a one-worker trial's checkpoint file by file and flushes nothing; either registers a
+    checkpoint only once its copy returned, so the fallback is for what a crash of the machine
+    loses, or for storage that was damaged later."""
     if ckpt is None:
         return None
-    with ckpt.as_directory() as folder:
-        return checkpoint.load_state(Path(folder))
+    fs = ckpt.filesystem
+    found = checkpoint.load_newest([*checkpoint.earlier(fs, ckpt.path), ckpt.path],
+                                   lambda path: _read(fs, path))
+    return None if found is None else found[1]
+
+
+def _read(fs: Any, path: str) -> dict[str, Any]:
+    shown = path if fs.type_name == "local" else f"{fs.type_name}://{path}"
+    with ray.train.Checkpoint(path, filesystem=fs).as_directory() as folder:
+        return checkpoint.load_state(Path(folder), shown)
 
 
 class WorkerHost:
@@ -92,7 +105,11 @@ class ProcessHost:
         return self.datasets[name]
 
     def saved_state(self) -> dict[str, Any] | None:
-        return None if self.latest is None else checkpoint.load_state(self.latest)
+        found = checkpoint.load_newest(checkpoint.saved_local(self.run_folder), checkpoint.load_state)
+        if found is None:
+            return None
+        self.latest, state = found
+        return state
 
     def report(self, metrics: dict[str, Any], folder: Path | None, step: int) -> None:
         if folder is not None:

@@ -37,7 +37,7 @@ from urm_ray.config import (
     read_yaml,
     with_values,
 )
-from urm_ray.errors import ConfigError
+from urm_ray.errors import CheckpointError, ConfigError
 from urm_ray.eval.config import EvalConfig
 from urm_ray.tune.expr import Expr
 from urm_ray.tune.params import Param, Value
@@ -246,6 +246,8 @@ def space_from_dict(data: dict[str, Any], path: Path, overrides: list[str]) -> S
         validate(space)
     except ConfigError as err:
         raise ConfigError(f"search space {path.name}: {err}") from err
+    if spec.checkpoint:  # last: it reads the whole state
+        _check_checkpoint_state(path, Path(spec.checkpoint))
     return space
 
 
@@ -256,6 +258,17 @@ def _checkpoint_config(folder: Path) -> dict[str, Any]:
         raise ConfigError(f"checkpoint {folder}: not a urm_ray checkpoint folder (config.yaml is missing); "
                           "expected a checkpoint_<time> folder under train.storage_path/<run_name>")
     return yaml.safe_load(path.read_text())
+
+
+def _check_checkpoint_state(path: Path, folder: Path) -> None:
+    """An evaluation sweep's checkpoint loads as data (a crafted or damaged ``state.pt`` is
+    refused here, before any trial)."""
+    from urm_ray.train import checkpoint  # imports torch: only for an evaluation sweep
+
+    try:
+        checkpoint.load_state(folder)
+    except CheckpointError as err:
+        raise type(err)(f"search space {path.name}: checkpoint: {err}") from None
 
 
 def validate(space: SearchSpace) -> None:

@@ -42,6 +42,10 @@ EXAMPLES = {
   urm-ray train sudoku4-urm                                   # 4x4 Sudoku, a few minutes on a CPU
   urm-ray train sudoku4-urm model.loops=8 train.steps=300 train.run_name=loops8
   urm-ray train sudoku4-urm train.run_name=loops8             # resume loops8 after Ctrl-C""",
+    "plan": """examples:
+  urm-ray plan arc1-urm --gpu a100-40 --seq-len 900 --vocab 12 --puzzles 800801   # exit 1: does not fit
+  urm-ray plan arc1-urm train.micro_batch_size=24 --gpu a100-40 --seq-len 900 --vocab 12
+  urm-ray plan --space urm-sudoku --gpu a10g                  # the space's heaviest trial, its data""",
     "eval": """examples:
   urm-ray eval runs/loops8/checkpoint_<time>                  # its held-out split
   urm-ray eval runs/arc/checkpoint_<time> --augmentations 100 --pass-k 1 2 --out report.json
@@ -99,6 +103,23 @@ def _ui(tracking_uri: str, run_id: str | None, experiment: bool = False) -> dict
     if not run_id:
         return {}
     return {"mlflow_ui": run_ui_url(resolve_tracking_uri(tracking_uri), run_id, experiment)}
+
+
+def _plan(args: argparse.Namespace) -> None:
+    """Exit 1 when it does not fit (a script can stop there), 0 when it does."""
+    from urm_ray.config import load_config
+    from urm_ray.tune.plan import check_gpu, heaviest, plan, task_shape
+    from urm_ray.tune.space import load_space
+
+    check_gpu(args.gpu)
+    if args.space:
+        cfg = heaviest(load_space(args.config, args.overrides))
+    else:
+        cfg = load_config(args.config, args.overrides)
+    the_plan = plan(cfg, task_shape(cfg, args.seq_len, args.vocab, args.puzzles), args.gpu)
+    print(the_plan.render(args.config))
+    if not the_plan.fits:
+        raise SystemExit(1)
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -255,6 +276,16 @@ def _parser() -> argparse.ArgumentParser:
     _scale_up_option(train)
     _verbose_option(train)
     train.set_defaults(func=_train)
+
+    pl = _command(sub, "plan", "whether a config or a search space fits a GPU's memory")
+    pl.add_argument("config", help="YAML path or preset; with --space, a search space")
+    pl.add_argument("--space", action="store_true", help="plan the space's heaviest trial")
+    pl.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.micro_batch_size=48")
+    pl.add_argument("--gpu", required=True, help="a10g, l4, a100-40, a100-80 or h100")
+    pl.add_argument("--seq-len", type=int, default=0, help="tokens per row (default: the dataset's)")
+    pl.add_argument("--vocab", type=int, default=0, help="token ids (default: the dataset's)")
+    pl.add_argument("--puzzles", type=int, default=1, help="puzzle-embedding rows (default: the dataset's)")
+    pl.set_defaults(func=_plan)
 
     ev = _command(sub, "eval", "evaluate a checkpoint folder on its held-out split")
     ev.add_argument("checkpoint")

@@ -22,7 +22,8 @@ from urm_ray.errors import ConfigError
 from urm_ray.eval.config import EvalConfig
 from urm_ray.models.registry import config_class
 from urm_ray.optim import OptimConfig
-from urm_ray.typed import convert, did_you_mean, from_dict, to_dict
+from urm_ray.names import check_name
+from urm_ray.typed import convert, did_you_mean, excerpt, from_dict, to_dict
 
 
 @dataclass
@@ -31,6 +32,13 @@ class TrainConfig:
 
     steps: int = 2000  # optimizer steps (one ACT segment each)
     global_batch_size: int = 256  # rows per step summed over all workers
+    # rows per forward/backward pass on a worker (gradient accumulation: the worker's share of
+    # the global batch in micro-batches of this size, one optimizer step); 0 = the whole share.
+    # `urm-ray plan` prints the largest that fits a GPU
+    micro_batch_size: int = 0
+    # checkpoint the looped transformer blocks: each keeps its input only and is recomputed in the
+    # backward (train/activations.py): about a third more compute, far less activation memory
+    activation_checkpointing: bool = False
     num_workers: int = 1  # Ray Train workers (DDP ranks)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto = GPU when the cluster has one
     cpus_per_worker: float = 1.0  # CPUs each worker reserves from Ray (fractions allowed)
@@ -95,6 +103,12 @@ class TrainConfig:
                 f"train.global_batch_size={self.global_batch_size} is not divisible by "
                 f"train.num_workers={self.num_workers}"
             )
+        local = self.global_batch_size // self.num_workers
+        if self.micro_batch_size < 0 or (self.micro_batch_size and local % self.micro_batch_size):
+            raise ConfigError(
+                f"train.micro_batch_size={self.micro_batch_size} must be 0 (no accumulation) or "
+                f"divide the rows per worker, train.global_batch_size / train.num_workers = {local}"
+            )
         if self.cpus_per_worker <= 0:
             raise ConfigError(f"train.cpus_per_worker={self.cpus_per_worker} must be > 0")
         if self.torch_threads < 0:
@@ -108,6 +122,8 @@ class TrainConfig:
                 f"(got {self.storage_path!r})")
         if self.keep_checkpoints < 1:
             raise ConfigError(f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")
+        if self.run_name:  # a folder under storage_path and an MLflow name
+            check_name("train.run_name", self.run_name)
         for name, amount in self.worker_resources.items():
             if name in ("CPU", "GPU", "cpu", "gpu") or not isinstance(amount, (int, float)) or amount <= 0:
                 raise ConfigError(
@@ -137,6 +153,9 @@ class TrackingConfig:
     # "" = $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db (made absolute on the driver)
     tracking_uri: str = ""
     log_checkpoint: bool = True  # upload the final checkpoint as an artifact
+
+    def __post_init__(self) -> None:
+        check_name("tracking.experiment", self.experiment)
 
 
 @dataclass
@@ -206,7 +225,11 @@ def parse_overrides(overrides: list[str], example: str = "model.loops=8") -> dic
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r}: expected key=value, e.g. {example}")
-        out[key] = yaml.safe_load(raw) if raw else ""
+        try:
+            out[key] = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError as err:
+            problem = getattr(err, "problem", None) or type(err).__name__
+            raise ConfigError(f"override {key}={excerpt(raw)}: not a valid YAML value ({problem})") from None
     return out
 
 

@@ -5,7 +5,11 @@
 
 Each step runs ONE ACT segment (deep supervision): rows that halted in the previous step are
 replaced by fresh examples inside the model's carry, the carry is detached between segments, and
-TBPTL happens inside the model. ``train_step`` sets the step's learning rate (and a scheduled
+TBPTL happens inside the model. With ``train.micro_batch_size`` the worker's rows (and their
+carry) go through forward and backward in micro-batches whose gradients add up before the one
+optimizer step (gradient accumulation): the same step as one batch, in less memory. What couples
+rows of a batch (GRAM's prior match pairs rows with the same input) couples them within a
+micro-batch, as it does within a worker's share of the global batch. ``train_step`` sets the step's learning rate (and a scheduled
 model's step) from ``state.position.step`` and advances it. Metrics stay on the device (no host
 sync per step): the loop sums them and reads them at its report steps.
 """
@@ -19,12 +23,15 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils._pytree import tree_map
 
 from urm_ray.config import RunConfig
 from urm_ray.models.registry import build_model
 from urm_ray.models.task import TaskSpec
 from urm_ray.optim import EMA, apply_scheduled_lr, build_optimizers
 from urm_ray.objectives import Objective, objective_for
+from urm_ray.train.activations import checkpoint_blocks
 from urm_ray.train.checkpoint import Position
 from urm_ray.train.compiled import compile_enabled, compile_model
 
@@ -57,6 +64,8 @@ def build_state(cfg: RunConfig, task: TaskSpec, device: torch.device, *, objecti
     ``wrap`` places the model (Ray Train's ``prepare_model`` for DDP); default: moved to ``device``."""
     torch.manual_seed(cfg.train.seed)  # identical init on every rank (DDP also broadcasts)
     model = build_model(cfg.model, task)
+    if cfg.train.activation_checkpointing:
+        checkpoint_blocks(model)
     wrapped = wrap(model) if wrap is not None else model.to(device)
     ema = EMA(model, cfg.optim.ema_decay) if cfg.optim.ema else None
     optimizers = build_optimizers(model, cfg.optim)
@@ -94,12 +103,20 @@ def train_step(state: TrainState, batch: dict[str, torch.Tensor]) -> dict[str, t
     if state.carry is None:
         state.carry = state.model.initial_carry(batch)
     state.wrapped.train()
-    with autocast(state):
-        state.carry, outputs = state.wrapped(state.carry, batch)
-        loss, metrics = state.objective(outputs, state.carry)
-    # Official scaling: sum over the global batch / global batch size. DDP averages gradients
-    # over ranks, so each rank divides by its local batch size.
-    (loss / state.local_batch).backward()
+    parts = micro_batches(state)
+    if parts == 1:
+        state.carry, loss, metrics = _forward_backward(state, state.carry, batch)
+    else:
+        carries, losses, sums = [], [], []
+        for i in range(parts):
+            with _gradients_kept_local(state.wrapped, keep=i < parts - 1):
+                carry, loss, metrics = _forward_backward(state, _rows(state.carry, i, parts), _rows(batch, i, parts))
+            carries.append(carry)
+            losses.append(loss)
+            sums.append(metrics)
+        state.carry = tree_map(lambda *rows: torch.cat(rows), *carries)
+        loss = torch.stack(losses).sum()
+        metrics = {key: torch.stack([part[key] for part in sums]).sum(0) for key in sums[0]}
     params = [p for p in state.model.parameters() if p.grad is not None]
     if cfg.optim.grad_clip > 0:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
@@ -114,6 +131,35 @@ def train_step(state: TrainState, batch: dict[str, torch.Tensor]) -> dict[str, t
     state.position.step += 1
     state.lr = lr
     return {k: v.detach().double() for k, v in metrics.items()}
+
+
+def micro_batches(state: TrainState) -> int:
+    """Forward/backward passes per optimizer step on this worker (``train.micro_batch_size``)."""
+    size = state.cfg.train.micro_batch_size
+    return state.local_batch // size if size else 1
+
+
+def _forward_backward(state: TrainState, carry: Any, batch: dict[str, torch.Tensor]
+                      ) -> tuple[Any, torch.Tensor, dict[str, torch.Tensor]]:
+    with autocast(state):
+        carry, outputs = state.wrapped(carry, batch)
+        loss, metrics = state.objective(outputs, carry)
+    # Official scaling: sum over the global batch / global batch size. DDP averages gradients
+    # over ranks, so each rank divides by its local batch size (micro-batches add up to it).
+    (loss / state.local_batch).backward()
+    return carry, loss.detach(), metrics
+
+
+def _rows(tree: Any, part: int, parts: int) -> Any:
+    """Micro-batch ``part`` of ``parts``: the same rows of every tensor of a batch or a carry."""
+    return tree_map(lambda t: t.tensor_split(parts)[part], tree)
+
+
+def _gradients_kept_local(wrapped: nn.Module, keep: bool) -> Any:
+    """DDP's ``no_sync`` for every micro-batch but the last: one all-reduce per step."""
+    if keep and isinstance(wrapped, DistributedDataParallel):
+        return wrapped.no_sync()
+    return nullcontext()
 
 
 @contextmanager

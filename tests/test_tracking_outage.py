@@ -109,7 +109,8 @@ def test_a_run_outlives_its_tracking_server_and_logs_every_step_once(ray_local, 
         history = {key: sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
                    for key in ("train/lr", "train/lm_loss", "time/train_s")}
     finally:
-        outage.restarter.join(timeout=400)
+        if outage.restarter.ident is not None:  # a run that failed before the outage never started it
+            outage.restarter.join(timeout=400)
         outage.server.stop()
     assert outage.trained_while_down, "training waited for the tracking server"
     assert history == {key: list(range(1, STEPS + 1)) for key in history}

@@ -112,7 +112,7 @@ def _holding_lock(folder: Path) -> subprocess.Popen:
     return proc
 
 
-def test_a_run_training_elsewhere_is_refused(tmp_path: Path, data: Path):
+def test_a_run_training_elsewhere_is_refused(ray_local, tmp_path: Path, data: Path):
     import socket
 
     other = _holding_lock(tmp_path / "runs" / "r")
@@ -125,6 +125,7 @@ def test_a_run_training_elsewhere_is_refused(tmp_path: Path, data: Path):
         other.wait(timeout=30)
     message = str(refused.value)
     assert f"train.run_name=r is training now on {socket.gethostname()}, pid {other.pid}" in message
+    assert f"(it holds {tmp_path / 'runs' / 'r' / resume.LOCK_FILE})" in message  # refused by the lock
     assert int(re.search(r"its heartbeat (\d+) s old", message)[1]) >= 10
     assert "Wait for it to end, or start another train.run_name" in message
     assert MlflowClient(_uri(tmp_path)).get_run(run_id).info.status == "RUNNING"
@@ -145,7 +146,9 @@ def test_a_lost_driver_does_not_hold_its_run(ray_local, tmp_path: Path, data: Pa
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
     _running(tmp_path, 5, f"{socket.gethostname()}:{gone.stdout.strip()}")
-    with resume.claimed(_config(tmp_path, data)):
+    cfg = _config(tmp_path, data)
+    with resume.locked(cfg):
+        resume.refuse_if_beating(cfg)
         assert (tmp_path / "runs" / "r" / resume.LOCK_FILE).read_text().strip() == resume.this_driver()
 
 

@@ -230,12 +230,14 @@ def fit(
     """
     cfg, meta = prepare(cfg)
     resume.check(cfg)
-    # Tune runs one attempt of a trial at a time and restores it after a failure: not claimed
+    # Tune runs one attempt of a trial at a time and restores it after a failure: no lock, no heartbeat look
     in_tune = (tags or {}).get(KIND_TAG) in ("trial", "seed")
-    with nullcontext() if in_tune else resume.claimed(cfg):
+    with nullcontext() if in_tune else resume.locked(cfg):
         with tracking.store_opening(cfg.tracking.tracking_uri) if cfg.tracking.enabled else nullcontext():
             if not ray.is_initialized():  # a run that will train in this process needs no dashboard
                 init_ray(verbose=verbose, dashboard=bool(callbacks) or not _alone(cfg))
+        if not in_tune:
+            resume.refuse_if_beating(cfg)  # the store opened alongside Ray: no wait of its own
         with scaled_up(worker_bundles(cfg), scale_up_s):
             return _fit(cfg, meta, tags, callbacks, params, progress)
 

@@ -3,9 +3,10 @@
 Reusing ``train.run_name`` resumes the run from its latest checkpoint. Two guards, both before
 Ray starts, refuse what would corrupt it:
 
-    check(cfg)              # ConfigError: a key outside RESUMABLE differs from the checkpoint's
-    with claimed(cfg):      # ConfigError: another driver trains this run now
-        ...                 # train; the claim is held until the block ends
+    check(cfg)                  # ConfigError: a key outside RESUMABLE differs from the checkpoint's
+    with locked(cfg):           # ConfigError: another process holds the run's local lock
+        refuse_if_beating(cfg)  # ConfigError: the MLflow run has a live driver elsewhere
+        ...                     # train; the lock is held until the block ends
 
 ``check`` compares the resolved config with ``config.yaml`` in the run's newest complete
 checkpoint (local, or read through pyarrow's filesystem on S3). Only the keys of ``RESUMABLE``
@@ -14,12 +15,13 @@ may differ: how long, how often, on what resources and where things are recorded
 a different run, or log numbers that no longer mean the same thing, so every differing key is
 named with its saved and new value.
 
-``claimed``: on local storage the driver holds an exclusive ``flock`` on
+One driver per run: on local storage the driver holds an exclusive ``flock`` on
 ``<storage>/<run>/.lock`` for the run's life (the system releases it when the process ends, however
 it ends), with its host and pid written in it. On any storage, a RUNNING MLflow run whose heartbeat
 (``heartbeat.py``) is fresh has a live driver elsewhere, unless the driver it records
 (``urm_ray.driver``: host:pid) ran on this host and its process is gone. A stale heartbeat is a
-lost driver: the run resumes.
+lost driver: the run resumes. The driver looks at the heartbeat once Ray has started: the MLflow
+store opens meanwhile, so the look costs no wait of its own.
 
 ``record`` keeps MLflow in step with a resume: params are immutable, so a config value that
 differs from the run's param is set as the tag ``urm_ray.resumed.<key>``.
@@ -163,18 +165,10 @@ def this_driver() -> str:
 
 
 @contextmanager
-def claimed(cfg: RunConfig) -> Iterator[None]:
-    """Hold the run for this process while the block runs, or refuse it with ConfigError: the
-    local lock (local storage), then the MLflow heartbeat (tracking on)."""
-    with _locked(cfg):
-        _refuse_if_beating(cfg)
-        yield
-
-
-@contextmanager
-def _locked(cfg: RunConfig) -> Iterator[None]:
-    """The exclusive ``flock`` on ``<storage>/<run>/.lock`` (nothing on remote storage). The file
-    stays after the run: removing it would let two processes lock two different files."""
+def locked(cfg: RunConfig) -> Iterator[None]:
+    """Hold the run's exclusive ``flock`` on ``<storage>/<run>/.lock`` while the block runs, or
+    refuse it with ConfigError (nothing on remote storage). The file stays after the run: removing
+    it would let two processes lock two different files."""
     if "://" in cfg.train.storage_path:
         yield
         return
@@ -212,7 +206,9 @@ def _beat_age(cfg: RunConfig) -> float | None:
     return None if run is None else heartbeat.last_beat_age(run.tags)
 
 
-def _refuse_if_beating(cfg: RunConfig) -> None:
+def refuse_if_beating(cfg: RunConfig) -> None:
+    """ConfigError when the run's MLflow run says RUNNING with a fresh heartbeat, from a driver
+    that is not known to be gone (tracking on)."""
     run = _running_run(cfg)
     age = None if run is None else heartbeat.last_beat_age(run.tags)
     if run is None or age is None or age > heartbeat.STALE_S:

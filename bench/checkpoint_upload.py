@@ -3,10 +3,10 @@
     python bench/checkpoint_upload.py                      # 3 MB (sudoku4-urm) and 256 MB states
     python bench/checkpoint_upload.py --mb 2048 --rounds 3
 
-``checkpoint.upload`` (what training uses: write under a hidden name, rename at the end) and
-``pyarrow.fs.copy_files`` into a created folder (what Ray Train's ``persist_current_checkpoint``
-does without an upload function) copy the same checkpoint folder, in interleaved rounds; the
-medians are printed with their ratio. The page cache is warm for both.
+``checkpoint.upload`` (what training uses: write under a hidden name, flush to the disk, rename
+at the end) and ``pyarrow.fs.copy_files`` into a created folder (what Ray Train's
+``persist_current_checkpoint`` does without an upload function) copy the same checkpoint folder,
+in interleaved rounds; the medians are printed with their ratio. The page cache is warm for both.
 """
 
 import argparse

@@ -1,8 +1,9 @@
 """Convert between urm_ray models and the official URM / TRM / HRM configs and checkpoints.
 
-    model = load_official("urm", ckpt_config, torch.load(path))   # official dict + state dict
-    state_dict = export_official(model)                            # keys "inner.<official name>"
-    config = official_config(model, batch_size=768)                # the official arch config dict
+    state_dict = torch.load(path, weights_only=True)    # an official state dict, read as data
+    model = load_official("urm", ckpt_config, state_dict)  # official config dict + state dict
+    state_dict = export_official(model)                    # keys "inner.<official name>"
+    config = official_config(model, batch_size=768)        # the official arch config dict
 
 Official checkpoints store the ACT wrapper's keys (``inner.…``), usually behind the
 ``_orig_mod.model.`` prefix of torch.compile and the loss head; both prefixes are accepted.

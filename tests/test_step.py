@@ -16,7 +16,7 @@ import torch
 import tiny
 from urm_ray.errors import ConfigError
 from urm_ray.train.memory import saved_bytes
-from urm_ray.train.step import build_state, micro_batches, train_step
+from urm_ray.train.step import build_state, micro_batches, to_device, train_step
 
 NOISELESS = {"gram": ["model.noise_scale=0"], "gram_urm": ["model.noise_scale=0"]}
 
@@ -81,3 +81,15 @@ def test_checkpointed_blocks_make_the_same_step_and_keep_less(family: str):
     assert_same_step(plain, checkpointed, atol=1e-6)
     kept = [saved_bytes(state.cfg, state.model, tiny.TASK, 8) for state, _ in (plain, checkpointed)]
     assert kept[1] < 0.75 * kept[0], kept
+
+
+def test_fractional_gpus_are_refused_for_several_workers():
+    with pytest.raises(ConfigError, match=r"train.gpus_per_worker=0.5 with train.num_workers=2: DDP's NCCL"):
+        tiny.config("urm", extra=("train.num_workers=2", "train.gpus_per_worker=0.5", "train.device=cuda"))
+    assert tiny.config("urm", extra=("train.gpus_per_worker=0.5", "train.device=cuda")).train.gpus_per_worker == 0.5
+
+
+def test_a_batch_reaches_the_device_unchanged():
+    batch = batches(1)[0]
+    moved = to_device(batch, torch.device("cpu"))
+    assert moved.keys() == batch.keys() and all(torch.equal(moved[k], batch[k]) for k in batch)

@@ -111,6 +111,11 @@ class TrainConfig:
             )
         if self.cpus_per_worker <= 0:
             raise ConfigError(f"train.cpus_per_worker={self.cpus_per_worker} must be > 0")
+        if self.num_workers > 1 and self.device != "cpu" and self.gpus_per_worker != int(self.gpus_per_worker):
+            raise ConfigError(
+                f"train.gpus_per_worker={self.gpus_per_worker} with train.num_workers={self.num_workers}: "
+                "DDP's NCCL needs a whole GPU per worker (two ranks on one GPU fail); expected 1, 2, ... "
+                "(a fraction suits one-worker runs sharing a GPU)")
         if self.torch_threads < 0:
             raise ConfigError(f"train.torch_threads={self.torch_threads} must be >= 0")
         if self.in_process is True and (self.num_workers != 1 or self.max_failures or self.worker_resources

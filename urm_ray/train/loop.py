@@ -37,7 +37,7 @@ from urm_ray.tracking import FAILED_FLUSH_S, Tracker, make_tracker
 from urm_ray.train import checkpoint
 from urm_ray.train.hosts import Host, WorkerHost
 from urm_ray.train.live import Sender
-from urm_ray.train.step import TrainState, build_state, evaluation_model, train_step
+from urm_ray.train.step import TrainState, build_state, evaluation_model, to_device, train_step, use_tf32
 from urm_ray.typed import to_dict
 
 logger = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ def run_loop(cfg: RunConfig, meta: DatasetMeta, host: Host, device: torch.device
     """Build the worker's ``TrainState``, restore the host's latest checkpoint, train to
     ``train.steps``. The caller's torch thread count comes back at the end."""
     progress = progress or Sender()
+    use_tf32(device)
     threads = torch.get_num_threads()
     torch.set_num_threads(torch_threads(cfg.train))
     try:
@@ -178,7 +179,7 @@ class Loop:
                 if index < skip:
                     continue
                 position.batch = index + 1
-                yield {k: v.to(self.state.device, non_blocking=True) for k, v in batch.items()}
+                yield to_device(batch, self.state.device)
             position.epoch, position.batch, skip = position.epoch + 1, 0, 0
 
     def _stop_if_diverged(self, first_nonfinite: torch.Tensor) -> None:
@@ -208,6 +209,15 @@ class Loop:
         dist.all_gather_object(values, value)
         return values
 
+    def _gather_to_zero(self, value: Any) -> list[Any] | None:
+        """Every rank's ``value`` on rank 0, in rank order (None elsewhere): what only rank 0
+        writes, such as every rank's carry for the checkpoint, is not copied to every rank."""
+        if self.host.world == 1 or not dist.is_initialized():
+            return [value]
+        values: list[Any] | None = [None] * self.host.world if self.host.rank == 0 else None
+        dist.gather_object(value, values, dst=0)
+        return values
+
     def _train_metrics(self, sums: dict[str, torch.Tensor], steps: int, seconds: float) -> dict[str, float]:
         """Per-row averages: episode metrics over halted rows, losses over all rows seen."""
         sums = self._all_reduce(sums)
@@ -228,7 +238,7 @@ class Loop:
         def batches(size: int) -> Iterator[dict[str, torch.Tensor]]:
             stored = stream.iter_torch_batches(rows, size, epoch=0, seed=0, shuffle=False, drop_last=False,
                                                buffer_rows=0)
-            return ({k: v.to(device) for k, v in b.items()} for i, b in enumerate(stored) if i % world == rank)
+            return (to_device(b, device) for i, b in enumerate(stored) if i % world == rank)
 
         ranks = Ranks(rank, world, device, self._all_reduce, self._gather)
         with evaluation_model(self.state) as model:
@@ -252,7 +262,7 @@ class Loop:
             self.host.report(metrics, None, position.step)
             return
         self.progress.phase(f"saving the checkpoint at step {position.step}")
-        ranks = self._gather(checkpoint.rank_state(self.state.carry))
+        ranks = self._gather_to_zero(checkpoint.rank_state(self.state.carry))
         with tempfile.TemporaryDirectory() as folder:
             written = Path(folder) if self.host.rank == 0 else None
             if written is not None:

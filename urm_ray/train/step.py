@@ -77,6 +77,23 @@ def build_state(cfg: RunConfig, task: TaskSpec, device: torch.device, *, objecti
                       cfg.train.global_batch_size // world, task.seq_len, objective)
 
 
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A host batch on ``device``; on CUDA through pinned memory, asynchronously (the copy
+    overlaps the work already queued instead of waiting for it)."""
+    if device.type != "cuda":
+        return {key: value.to(device) for key, value in batch.items()}
+    return {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}
+
+
+def use_tf32(device: torch.device) -> None:
+    """float32 matmuls and convolutions in TF32 on CUDA (Ampere and later: several times the
+    float32 rate, 10 mantissa bits; bf16 autocast covers most of the step, this the rest:
+    the loss, the optimizers, fp32 runs). What torchtitan and PyTorch's performance guide do."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
 def bf16_enabled(device: torch.device, bf16: bool | str) -> bool:
     """Whether training autocasts to bf16: on CUDA unless ``bf16`` is false; on CPU only when true."""
     return bf16 is True or (bf16 == "auto" and device.type == "cuda")

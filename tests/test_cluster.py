@@ -2,7 +2,11 @@
 
 - ``cluster/gpu.yaml`` goes through what ``ray up`` does to it before launching anything
   (``prepare_config``: defaults, docker checks) and the JSON schema shipped inside the ray package;
-  the project's rules for it are checked too (instance profile, images, spot/on-demand, S3, ports).
+  the project's rules for it are checked too (instance profile, images, spot/on-demand, S3), and
+  who can reach what: the user's own security group (Ray's security-group step run on it), Ray's
+  token and a dashboard on 127.0.0.1 (options checked against ``ray start``'s own), MLflow on the
+  head's private address; and what ``ray job submit --working-dir .`` leaves out (Ray's own walk
+  of a working dir with this repository's .gitignore).
 - A local Ray cluster of three nodes on this machine (``ray.cluster_utils.Cluster``) runs a
   2-trial sweep through the ``urm-ray`` CLI: the two worker nodes each offer one ``trial_slot``
   and each trial's worker asks for one, so the trials must land on different nodes, which the
@@ -17,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -140,11 +145,105 @@ def test_node_types_head_spot_and_on_demand(cluster_config):
         assert "instance-profile/" in t["node_config"]["IamInstanceProfile"]["Arn"]
 
 
-def test_only_ssh_is_open_to_the_world(cluster_config):
-    rules = cluster_config["provider"]["security_group"]["IpPermissions"]
-    assert [(r["FromPort"], r["ToPort"]) for r in rules] == [(22, 22)]
+def _options(commands: list[str], program: str) -> dict[str, str]:
+    """The options of the one shell command among ``commands`` that runs ``program`` (``"ray
+    start"``): ``--name value`` and ``--name=value`` alike, a flag's value ``""``."""
+    lines = [c for c in commands if program in c]
+    assert len(lines) == 1, (program, lines)
+    lexer = shlex.shlex(lines[0], posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    words = list(lexer)
+    start = next(i for i in range(len(words)) if words[i:i + 2] == program.split())
+    found: dict[str, str] = {}
+    rest = iter(words[start + 2:])
+    for word in rest:
+        if not word.startswith("--"):
+            break  # the end of the command (`;`, `>`, `&`...)
+        name, _, value = word.partition("=")
+        found[name] = value
+        if not value:
+            value = next(rest, "")
+            if value.startswith("--"):
+                name2, _, value2 = value.partition("=")
+                found[name2] = value2
+            else:
+                found[name] = value
+    return found
+
+
+def test_nodes_are_in_a_security_group_of_your_own(cluster_config):
+    """Every node type names the group the user made (SSH from one address, traffic between the
+    nodes), so `ray up` creates no group and adds no rule: Ray's own group always opens SSH to
+    0.0.0.0/0, and rules this file gave it would be added only when Ray creates the group."""
+    from ray.autoscaler._private.aws import config as aws
+
+    types = cluster_config["available_node_types"]
+    assert all(t["node_config"]["SecurityGroupIds"] == ["SECURITY_GROUP_ID"] for t in types.values())
+    assert "security_group" not in cluster_config["provider"]
+    # what `ray up` does about security groups (bootstrap_aws): nothing, without calling AWS
+    assert aws._configure_security_group(copy.deepcopy(cluster_config)) == cluster_config
+    assert aws._create_default_ssh_inbound_rules()[0]["IpRanges"] == [{"CidrIp": "0.0.0.0/0"}]
+    assert "0.0.0.0" not in json.dumps(cluster_config)  # no address open to the world anywhere
     text = CLUSTER_YAML.read_text()
     assert "aws_access_key_id" not in text.lower() and "AWS_SECRET" not in text
+    guide = (ROOT / "docs" / "cluster.md").read_text()  # the commands that make the group
+    assert "aws ec2 create-security-group" in guide and "UserIdGroupPairs=[{GroupId=$SG}]" in guide
+    assert "--cidr \"$MY_IP/32\"" in guide and "0.0.0.0/0 " not in guide.split("## 2.")[0]
+
+
+def test_ray_asks_for_its_token_and_keeps_the_dashboard_on_the_head(cluster_config):
+    from ray._private.authentication.authentication_token_setup import _get_default_token_path
+    from ray.scripts.scripts import start
+
+    known = {name for param in start.params for name in param.opts}
+    head = _options(cluster_config["head_start_ray_commands"], "ray start")
+    worker = _options(cluster_config["worker_start_ray_commands"], "ray start")
+    assert set(head) <= known and set(worker) <= known, (set(head) | set(worker)) - known
+    assert head["--dashboard-host"] == "127.0.0.1"  # the dashboard and job API: SSH tunnel only
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        line = next(c for c in cluster_config[key] if "ray start" in c)
+        assert 0 <= line.find("export RAY_AUTH_MODE=token;") < line.find("ray start"), line
+    # Ray's default token file on every node, from the user's own (ray get-auth-token --generate)
+    token = "/home/ray/" + str(_get_default_token_path().relative_to(Path.home()))
+    assert cluster_config["file_mounts"] == {token: "~/.ray/auth_token"}
+    assert any("'export RAY_AUTH_MODE=token' >> ~/.bashrc" in c for c in cluster_config["setup_commands"])
+
+
+def test_mlflow_listens_on_the_heads_private_address(cluster_config):
+    """Not 127.0.0.1: the trials' rank-0 workers on the GPU nodes log to it; not 0.0.0.0 either."""
+    from mlflow.cli import server
+
+    mlflow = _options(cluster_config["head_start_ray_commands"], "mlflow server")
+    assert set(mlflow) <= {name for param in server.params for name in param.opts}
+    private = "$(hostname -I | awk '{print $1}')"
+    assert mlflow["--host"] == private and "--allowed-hosts" not in mlflow  # localhost + private IPs
+    head = next(c for c in cluster_config["head_start_ray_commands"] if "ray start" in c)
+    assert f"MLFLOW_TRACKING_URI=http://{private}:{mlflow['--port']};" in head
+    worker = next(c for c in cluster_config["worker_start_ray_commands"] if "ray start" in c)
+    assert f"MLFLOW_TRACKING_URI=http://$RAY_HEAD_IP:{mlflow['--port']};" in worker
+    assert "@127.0.0.1:5432/" in mlflow["--backend-store-uri"] and ":" not in (
+        mlflow["--backend-store-uri"].split("//")[1].split("@")[0])  # no password in the URL
+
+
+def test_job_submit_leaves_out_what_runs_write(tmp_path):
+    """`ray job submit --working-dir .` uploads the checkout without the folders and databases
+    that runs leave there: Ray's own walk of a working dir, with this repository's .gitignore."""
+    from ray._private.runtime_env.packaging import _dir_travel
+
+    shutil.copy(ROOT / ".gitignore", tmp_path / ".gitignore")
+    written = ["sweeps/s/study.json", "runs/r/checkpoint_1/state.pt", "mlruns/0/meta.yaml",
+               "mlartifacts/1/a.bin", "mlflow.db", "optuna.db", ".venv/bin/python", "data/x/train.npy"]
+    kept = ["urm_ray/cli.py", "urm_ray/data/store.py", "search_spaces/urm-sudoku.yaml", "README.md"]
+    for name in written + kept:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    seen: list[str] = []
+    _dir_travel(tmp_path, [], lambda p: seen.append(p.relative_to(tmp_path).as_posix()),
+                include_gitignore=True)
+    assert set(kept) <= set(seen)
+    # Ray's matcher sees a folder's name without its slash, so `runs/` keeps the empty folder
+    # but none of what it holds
+    assert not set(written) & set(seen), seen
 
 
 def test_images_storage_and_mlflow(cluster_config):
@@ -154,7 +253,7 @@ def test_images_storage_and_mlflow(cluster_config):
     assert "mlflow server" in head_start and "--artifacts-destination s3://" in head_start
     assert "MLFLOW_TRACKING_URI" in head_start
     assert "MLFLOW_TRACKING_URI" in " ".join(cluster_config["worker_start_ray_commands"])
-    for placeholder in ("ACCOUNT_ID", "BUCKET", "IMAGE_TAG", "AMI_ID"):  # each one explained on top
+    for placeholder in ("ACCOUNT_ID", "BUCKET", "IMAGE_TAG", "AMI_ID", "SECURITY_GROUP_ID"):  # each one explained on top
         assert placeholder in CLUSTER_YAML.read_text().split("cluster_name:")[0]
 
 

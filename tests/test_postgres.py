@@ -96,32 +96,49 @@ def test_an_unreachable_database_fails_the_sweep_before_ray_starts(postgres_serv
     assert ray.is_initialized() == was_up
 
 
-def test_the_cluster_heads_commands_set_up_postgresql_for_mlflow_and_optuna():
+def test_the_cluster_heads_commands_set_up_postgresql_for_mlflow_and_optuna(monkeypatch):
     """cluster/gpu.yaml's PostgreSQL commands, run here as `ray up` runs them on the head (bash, as
-    a non-root user, in a fresh home folder; the port changed to a free one): initialised, started,
-    both databases created and reachable at the URLs the file gives MLflow and the sweeps; run
-    again (a second `ray up`), they succeed and change nothing."""
+    a non-root user, in a fresh home folder; the port changed to a free one): a password drawn into
+    two files only their owner reads, initialised with password authentication only, started,
+    both databases created and reachable at the URLs the file gives MLflow and the sweeps, with
+    the password from ~/.pgpass and not without it; run again (a second `ray up`), they succeed
+    and change nothing."""
     if find_binaries() is None:
         pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
     config = yaml.safe_load(CLUSTER_YAML.read_text())
     port = str(free_port())
     commands = [c.replace("5432", port) for c in config["head_setup_commands"] + config["head_start_ray_commands"]
-                if "initdb" in c or "pg_ctl" in c]
-    assert len(commands) == 3  # install (skipped here: installed), initialise, start + databases
+                if "initdb" in c or "pg_ctl" in c or "pgpass" in c]
+    # install (skipped here: installed), the password, initialise, start + databases
+    assert len(commands) == 4
     mlflow = next(c for c in config["head_start_ray_commands"] if "mlflow server" in c)
     tracking_uri = re.search(r"--backend-store-uri (\S+)", mlflow)[1].replace("5432", port)
     storage = re.search(r"--storage (\S+)", CLUSTER_YAML.read_text())[1].replace("5432", port)
     as_user = unprivileged()
     home = Path(tempfile.mkdtemp(prefix="urm-ray-head-"))
+    (home / "postgres").mkdir(mode=0o700)  # initialization_commands, on the host
     if as_user:
-        shutil.chown(home, as_user["user"], as_user["group"])
+        for folder in (home, home / "postgres"):
+            shutil.chown(folder, as_user["user"], as_user["group"])
     env = {"HOME": str(home), "PATH": os.environ["PATH"], "LANG": "C.UTF-8"}
+    secret, pgpass = home / "postgres" / "password", home / ".pgpass"
     try:
+        drawn = []
         for _ in range(2):
             for command in commands:
                 done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True,
                                       timeout=120, **as_user)
                 assert done.returncode == 0, (command, done.stdout, done.stderr)
+            drawn.append(secret.read_text())
+        assert drawn[0] == drawn[1] and len(drawn[0]) == 64  # hex of 32 random bytes, kept
+        assert secret.stat().st_mode & 0o777 == pgpass.stat().st_mode & 0o777 == 0o600
+        hba = (home / "postgres" / "data" / "pg_hba.conf").read_text().splitlines()
+        rules = [line.split() for line in hba if line.strip() and not line.lstrip().startswith("#")]
+        assert rules and all(rule[-1] == "scram-sha-256" for rule in rules), rules  # no `trust`
+        monkeypatch.setenv("PGPASSFILE", str(home / "missing"))
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            psycopg.connect(storage, connect_timeout=10).close()
+        monkeypatch.setenv("PGPASSFILE", str(pgpass))  # where libpq finds ~/.pgpass on the head
         check_reachable(tracking_uri, "MLflow")
         check_reachable(storage, "Optuna")
         with psycopg.connect(storage) as conn:

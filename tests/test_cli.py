@@ -181,3 +181,94 @@ def test_optuna_and_matplotlib_stay_off_a_quiet_terminal(tmp_path: Path):
     # WARNING) when that takes over 5 s, as on a busy machine
     assert "A new study created" in said["default"] and "matplotlib.font_manager" in said["default"], said
     assert "A new study created" not in said["quiet"] and "matplotlib" not in said["quiet"], said["quiet"]
+
+
+LONG = "x" * 101  # over a sweep name's 100 characters (and a run name's 128 with the suffix below)
+
+
+def _refused(argv: list[str], shown: str, capsys) -> None:
+    """``urm-ray ARGV`` exits 2 with one line on stderr that shows ``shown``, and no traceback."""
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("urm-ray: error: "), err
+    assert shown in lines[0] and "Traceback" not in err, err
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch) -> Path:
+    """An empty working folder inside tmp_path, with MLflow's store in it: a name that escapes
+    the folder, or any run recorded, leaves something behind in tmp_path."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{work / 'mlflow.db'}")
+    return work
+
+
+def _left_behind(tmp_path: Path) -> list[str]:
+    return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.name != "work")
+
+
+BAD_NAMES = ["../escaped", "/ABSOLUTE", "a'b", ".hidden", LONG]
+
+
+def _bad(name: str, tmp_path: Path) -> str:
+    return str(tmp_path / "absolute") if name == "/ABSOLUTE" else name
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_bad_sweep_names_are_refused_before_anything_is_created(name, workdir, tmp_path, capsys):
+    name = _bad(name, tmp_path)
+    _refused(["sweep", "quickstart", "--name", name, "trials=1"], f"--name={name!r}"[:40], capsys)
+    for command in (["sweep", "--resume", name], ["best", name], ["final", name]):
+        _refused(command, f"sweep name={name!r}"[:40], capsys)
+    assert _left_behind(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_bad_run_and_experiment_names_are_refused_before_anything_is_created(name, workdir, tmp_path, capsys):
+    name = _bad(name, tmp_path) + ("x" * 28 if name == LONG else "")  # runs allow 128 characters
+    for key in ("train.run_name", "tracking.experiment"):
+        _refused(["train", "sudoku4-urm", f"{key}={name}"], f"{key}={name!r}"[:40], capsys)
+        _refused(["sweep", "quickstart", f"{key}={name}"], f"{key}={name!r}"[:40], capsys)
+    _refused(["final", "qs", "--model-name", name], f"--model-name={name!r}"[:40], capsys)
+    assert _left_behind(tmp_path) == []
+
+
+def _space_with_bound(folder: Path, high: str) -> Path:
+    path = folder / "space.yaml"
+    path.write_text(f"base: sudoku4-urm\n"
+                    f"params:\n"
+                    f"  model.loops: {{type: int, low: 2, high: 6}}\n"
+                    f"  model.truncation: {{type: int, low: 0, high: {high!r}}}\n")
+    return path
+
+
+@pytest.mark.parametrize("high, shown", [
+    ("max()", "model.truncation.high='max()': max() takes 2 or more arguments, got 0"),
+    ("int(1e999)", "model.truncation.high='int(1e999)': holds a number too large"),
+    ("-" * 5000 + "1", "nested deeper than 50"),
+])
+def test_a_bad_bound_is_refused_before_anything_is_created(high, shown, workdir, tmp_path, capsys):
+    space = _space_with_bound(tmp_path, high)
+    _refused(["sweep", str(space)], shown, capsys)
+    assert _left_behind(tmp_path) == ["space.yaml"]
+
+
+def test_an_override_that_is_no_yaml_value_is_refused(workdir, tmp_path, capsys):
+    _refused(["train", "sudoku4-urm", "train.steps=[1"], "override train.steps='[1': not a valid YAML value",
+             capsys)
+    _refused(["sweep", "quickstart", "trials=[1"], "override trials='[1'", capsys)
+    assert _left_behind(tmp_path) == []
+
+
+def test_the_shell_sees_one_line_and_exit_2_for_a_bound_that_nests_too_deep(tmp_path: Path):
+    """The installed command itself: no traceback reaches the terminal."""
+    space = _space_with_bound(tmp_path, "-" * 5000 + "1")
+    done = subprocess.run([sys.executable, "-m", "urm_ray.cli", "sweep", str(space)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "urm-ray: error: search space space.yaml: model.truncation.high='-----------------------------------"
+        "------------------------... (5001 characters): nested deeper than 50 operators or calls"]

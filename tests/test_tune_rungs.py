@@ -97,3 +97,15 @@ def test_reports_before_the_first_evaluation_are_let_through_without_reading_the
     assert not ours.seeded
     ours.on_trial_complete(None, _trial(0), _result(10, 0.3))  # a stopping result counts too
     assert ours.seeded and ours.rungs[10] == {0: 0.3}
+
+
+@pytest.mark.parametrize("mode", ["max", "min"])
+def test_a_nan_value_counts_as_the_worst_and_stays_out_of_the_cutoff(tmp_path, mode):
+    """NaN: a derived objective that could not be computed for the trial."""
+    ours = _ours(tmp_path, mode)
+    nan = float("nan")
+    assert ours.on_trial_result(None, _trial(0), _result(10, nan)) == TrialScheduler.CONTINUE  # alone
+    assert ours.cutoff(10) is None
+    assert ours.on_trial_result(None, _trial(1), _result(10, 0.5)) == TrialScheduler.CONTINUE
+    assert ours.on_trial_result(None, _trial(2), _result(10, nan)) == TrialScheduler.STOP
+    assert ours.cutoff(10) == pytest.approx(0.5 if mode == "max" else -0.5)  # the NaNs left out

@@ -4,6 +4,7 @@ restored searcher takes over the trials asked after its last checkpoint instead 
 
 from __future__ import annotations
 
+import math
 import pickle
 import subprocess
 import sys
@@ -138,3 +139,41 @@ def test_derived_metrics_unpickle_without_torch_or_mlflow():
                          capture_output=True, check=True).stdout.decode().split("\n")
     assert float(out[0]) == 2.0 * 4
     assert out[1] == "[]"
+
+
+def test_a_nan_objective_is_told_as_failed_and_the_search_goes_on(space, tmp_path: Path):
+    """A trial whose objective is NaN (a derived metric it could not compute) never ranks: Optuna
+    records it as failed, the next suggestions come as usual."""
+    from urm_ray.tune.report import ranked
+
+    searcher = _searcher(space, tmp_path)
+    searcher.suggest("a")
+    searcher.suggest("b")
+    searcher.on_trial_result("a", {"step": 10, METRIC: float("nan")})
+    searcher.on_trial_complete("a", {"step": 30, METRIC: float("nan")})
+    searcher.on_trial_complete("b", {"step": 30, METRIC: 0.5})
+    assert searcher.suggest("c")[TRIAL_KEY] == 2
+    study = _study(tmp_path)
+    a, b, _ = study.trials
+    assert a.state == TrialState.FAIL and a.intermediate_values == {} and b.state == TrialState.COMPLETE
+    assert [t.number for t in ranked(study, space)] == [1]
+
+
+def test_a_derived_metric_that_divides_by_zero_is_nan_with_one_warning(tmp_path: Path, caplog):
+    data = {"base": "sudoku4-urm", "overrides": {"train.steps": 30, "train.eval_every": 10},
+            "params": {"model.loops": {"type": "int", "low": 2, "high": 6}},
+            "derived": {"compute/accuracy_per_segment": "eval/exact_accuracy / eval/q_halt_segments"},
+            "objectives": [{"metric": "compute/accuracy_per_segment", "mode": "max"}],
+            "scheduler": {"grace_steps": 10, "reduction_factor": 2}}
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    derived = Derived.of(load_space(str(path)), {"model.loops": 4})
+    name = "compute/accuracy_per_segment"
+    with caplog.at_level("WARNING", logger="urm_ray.tune.derived"):
+        first = derived.for_tune({"eval/exact_accuracy": 0.5, "eval/q_halt_segments": 0, "step": 10}, False)
+        second = derived.add({"eval/exact_accuracy": 0.6, "eval/q_halt_segments": 0, "step": 20})
+        third = derived.add({"eval/exact_accuracy": 0.6, "eval/q_halt_segments": 2, "step": 30})
+    assert first is not None and math.isnan(first[name]) and math.isnan(second[name])
+    assert third[name] == 0.3
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "urm_ray.tune.derived"]
+    assert warning.startswith(f"derived metric {name} is NaN: derived.{name}=") and "divides by zero" in warning

@@ -158,3 +158,43 @@ def test_trial_retries_default_on_for_gpu_spaces(tmp_path: Path):
     assert load_space(str(_space(tmp_path, retries=5))).retries == 5
     with pytest.raises(ConfigError, match="retries=-1 is out of range"):
         load_space(str(_space(tmp_path, retries=-1)))
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("max()", "max() takes 2 or more arguments, got 0"),
+    ("min(model.loops)", "min() takes 2 or more arguments, got 1"),
+    ("round(1, 2, 3)", "round() takes 1 or 2 arguments, got 3"),
+    ("int()", "int() takes 1 argument, got 0"),
+    ("max(*model.loops)", "is not allowed"),
+    ("int(1e999)", "holds a number too large for a float"),
+    ("-" * 5000 + "1", "nested deeper than 50 operators or calls"),
+    ("(" * 300 + "1" + ")" * 300, "not valid arithmetic"),
+    ("1 +", "not valid arithmetic"),
+    ("a\x00b", "not valid arithmetic"),
+])
+def test_a_bad_expression_is_named_when_it_is_read(text: str, problem: str):
+    with pytest.raises(ConfigError) as caught:
+        Expr(text, "model.truncation.high")
+    message = str(caught.value)
+    assert message.startswith("model.truncation.high=") and problem in message
+    assert len(message) < 250 and "\n" not in message  # a long expression is cut
+
+
+def test_what_an_expression_cannot_compute_is_named_with_the_values_it_read():
+    values = {"model.loops": float("inf"), "eval/x": 0.0, "model.hidden_size": 64}
+    with pytest.raises(ConfigError, match=r"^k='int\(model.loops\)': cannot be computed for "
+                                          r"\{'model.loops': inf\} \(cannot convert float infinity"):
+        Expr("int(model.loops)", "k").evaluate(values)
+    with pytest.raises(ConfigError, match=r"^k='1 / eval/x': divides by zero for \{'eval/x': 0.0\}$"):
+        Expr("1 / eval/x", "k").evaluate(values)
+    with pytest.raises(ConfigError, match=r"is not finite \(inf\) for \{'model.loops': inf\}$"):
+        Expr("model.loops * 2", "k").evaluate(values)
+    assert Expr("-" * 50 + "1").evaluate({}) == 1  # as deep as allowed
+
+
+def test_bad_bounds_and_derived_metrics_name_their_key(tmp_path: Path):
+    params = {**BASE["params"], "model.truncation": {"type": "int", "low": 0, "high": "max()"}}
+    with pytest.raises(ConfigError, match=r"space.yaml: model.truncation.high='max\(\)': max\(\) takes"):
+        load_space(str(_space(tmp_path, params=params)))
+    with pytest.raises(ConfigError, match=r"space.yaml: derived.c/x='1 / / 2': not valid arithmetic"):
+        load_space(str(_space(tmp_path, derived={"c/x": "1 / / 2"})))

@@ -36,6 +36,15 @@ def from_dict(cls: type[T], data: Any, prefix: str = "") -> T:
     return cls(**kwargs)
 
 
+def excerpt(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` for an error message, cut after ``limit`` characters: a message stays one
+    readable line whatever was given."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(str(value))} characters)"
+
+
 def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
     """`` (did you mean train.steps?)`` for a mistyped ``word``: the closest of ``choices``
     (``prefix`` before it), or "" when none is close."""

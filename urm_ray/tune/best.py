@@ -29,6 +29,7 @@ from urm_ray import tracking
 from urm_ray.cluster import init_ray, scaled_up
 from urm_ray.config import RunConfig, apply_overrides, build_config, dump_yaml, with_values
 from urm_ray.errors import ConfigError, Interrupted
+from urm_ray.names import check_name
 from urm_ray.progress import Progress
 from urm_ray.tracking import KIND_TAG, SWEEP_TAG, TRIAL_TAG
 from urm_ray.tune.final_view import RecheckProgress, run_label
@@ -77,6 +78,8 @@ def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
     ``scale_up_s`` > 0: ask the autoscaler for the nodes of each stage and wait that long.
     ``verbose``: show Ray's output. ``live``: progress bars on stderr (a terminal), else lines.
     """
+    if model_name:  # registered at the very end: checked before anything trains
+        check_name("--model-name", model_name)
     info, space = load_sweep(name, root)
     if space.evaluates:
         raise ConfigError(f"sweep {name} is an evaluation sweep: its best settings need no training; "

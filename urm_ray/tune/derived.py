@@ -3,16 +3,26 @@
 Light on purpose: the callback is pickled into Ray Train's controller for a trial on several
 workers, and every module it names is imported there, on the trial's critical path. This module
 imports Ray Tune's callback and the expression evaluator only (no torch, MLflow or config).
+
+A derived metric that cannot be computed for a report (a division by a metric that is 0, a
+non-finite input) is NaN there, with one warning per metric and trial: the trial goes on, and the
+sweep ranks NaN below every value (``rungs.StudyASHA`` stops it at a rung; Optuna records the
+trial as failed, which its sampler leaves out).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ray.tune.integration.ray_train import TuneReportCallback
 
+from urm_ray.errors import ConfigError
 from urm_ray.tune.expr import Expr
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from urm_ray.tune.params import Value
@@ -27,6 +37,7 @@ class Derived:
     env: dict[str, float]
     exprs: dict[str, Expr]
     required: tuple[str, ...]
+    warned: set[str] = field(default_factory=set, compare=False)  # metrics already warned about
 
     @classmethod
     def of(cls, space: SearchSpace, values: dict[str, Value]) -> Derived:
@@ -35,8 +46,18 @@ class Derived:
     def add(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """``metrics`` with every derived metric whose inputs are there."""
         env = {**self.env, **metrics}
-        extra = {name: expr.evaluate(env) for name, expr in self.exprs.items() if expr.names <= set(env)}
+        extra = {name: self._value(name, expr, env) for name, expr in self.exprs.items()
+                 if expr.names <= set(env)}
         return {**metrics, **extra}
+
+    def _value(self, name: str, expr: Expr, env: dict[str, Any]) -> float:
+        try:
+            return expr.evaluate(env)
+        except ConfigError as err:
+            if name not in self.warned:
+                self.warned.add(name)
+                logger.warning("derived metric %s is NaN: %s", name, err)
+            return math.nan
 
     def complete(self, metrics: dict[str, Any]) -> bool:
         return all(metric in metrics for metric in self.required)

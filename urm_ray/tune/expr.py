@@ -6,7 +6,9 @@
 Names are dotted config keys or metric names (``eval/mean_segments``); write division with
 spaces around ``/`` so it is not read as part of a name. Allowed: numbers, names, ``+ - * / //
 %``, unary minus, ``min``, ``max``, ``round``, ``int``. Nothing else is evaluated (no attribute
-access, no calls of other functions), so a YAML file cannot run code.
+access, no calls of other functions), so a YAML file cannot run code. Every way an expression can
+fail (bad syntax, a call with the wrong number of arguments, a number too large, nesting deeper
+than ``MAX_DEPTH``, a division by zero) is a ``ConfigError`` naming its key and its text.
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ import re
 from collections.abc import Callable, Mapping
 
 from urm_ray.errors import ConfigError
+from urm_ray.typed import excerpt
 
 # a dotted name, optionally with /-separated parts (metric names such as eval/exact_accuracy)
 _NAME = re.compile(r"(?<![\w.])[A-Za-z_][\w.]*(?:/[A-Za-z_][\w.]*)*")
 _FUNCTIONS: dict[str, Callable[..., float]] = {"min": min, "max": max, "round": round, "int": int}
+# (fewest, most) positional arguments; min and max of one number would iterate over it
+_ARITY: dict[str, tuple[int, int | None]] = {"min": (2, None), "max": (2, None), "round": (1, 2), "int": (1, 1)}
+MAX_DEPTH = 50  # operators and calls nested in one another: a bound needs a handful
 _BINARY: dict[type, Callable[[float, float], float]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
@@ -29,18 +35,26 @@ _BINARY: dict[type, Callable[[float, float], float]] = {
 
 
 class Expr:
-    """A parsed expression; ``names`` are the variables it reads."""
+    """A parsed expression; ``names`` are the variables it reads. ``key`` (e.g.
+    ``model.truncation.high``) is where it was written, for error messages."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, key: str = "") -> None:
         self.text = text
+        self.key = key
         self._slots: dict[str, str] = {}  # placeholder identifier -> original name
         source = _NAME.sub(self._placeholder, text)
         try:
             self._tree = ast.parse(source, mode="eval").body
         except SyntaxError as err:
-            raise ConfigError(f"expression {text!r}: not valid arithmetic ({err.msg})") from err
-        self._check(self._tree)
+            raise self._error(f"not valid arithmetic ({err.msg})") from None
+        except (RecursionError, MemoryError):  # the parser's own stack, on thousands of operators
+            raise self._error(f"nested deeper than {MAX_DEPTH} operators or calls") from None
+        self._check(self._tree, 0)
         self.names = frozenset(self._slots.values())
+
+    def _error(self, problem: str) -> ConfigError:
+        where = f"{self.key}=" if self.key else "expression "
+        return ConfigError(f"{where}{excerpt(self.text)}: {problem}")
 
     def _placeholder(self, match: re.Match[str]) -> str:
         name = match.group(0)
@@ -50,35 +64,52 @@ class Expr:
         self._slots[slot] = name
         return slot
 
-    def _check(self, node: ast.AST) -> None:
+    def _check(self, node: ast.AST, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise self._error(f"nested deeper than {MAX_DEPTH} operators or calls")
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            if not math.isfinite(node.value):
+                raise self._error("holds a number too large for a float (it reads as inf)")
             return
         if isinstance(node, ast.Name) and node.id in self._slots:
             return
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            self._check(node.left)
-            self._check(node.right)
+            self._check(node.left, depth + 1)
+            self._check(node.right, depth + 1)
             return
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            self._check(node.operand)
+            self._check(node.operand, depth + 1)
             return
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id in _FUNCTIONS and not node.keywords):
+                and node.func.id in _FUNCTIONS and not node.keywords
+                and not any(isinstance(arg, ast.Starred) for arg in node.args)):
+            self._check_arity(node.func.id, len(node.args))
             for arg in node.args:
-                self._check(arg)
+                self._check(arg, depth + 1)
             return
-        raise ConfigError(
-            f"expression {self.text!r}: {ast.unparse(node)!r} is not allowed "
-            f"(numbers, names, + - * / // %, {', '.join(_FUNCTIONS)})"
-        )
+        raise self._error(f"{excerpt(ast.unparse(node))} is not allowed "
+                          f"(numbers, names, + - * / // %, {', '.join(_FUNCTIONS)})")
+
+    def _check_arity(self, function: str, count: int) -> None:
+        fewest, most = _ARITY[function]
+        if count < fewest or (most is not None and count > most):
+            wanted = (f"{fewest} or more arguments" if most is None else f"{fewest} or {most} arguments"
+                      if most > fewest else f"{fewest} argument")
+            raise self._error(f"{function}() takes {wanted}, got {count}")
 
     def evaluate(self, values: Mapping[str, float]) -> float:
         missing = sorted(self.names - set(values))
         if missing:
-            raise ConfigError(f"expression {self.text!r}: unknown name {missing[0]!r}")
-        result = self._eval(self._tree, values)
+            raise self._error(f"unknown name {missing[0]!r}")
+        read = {name: values[name] for name in sorted(self.names)}  # for messages: not all of values
+        try:
+            result = self._eval(self._tree, values)
+        except ZeroDivisionError:
+            raise self._error(f"divides by zero for {read}") from None
+        except (ArithmeticError, TypeError, ValueError) as err:  # int(inf), round(nan), a huge int
+            raise self._error(f"cannot be computed for {read} ({err})") from None
         if isinstance(result, float) and not math.isfinite(result):
-            raise ConfigError(f"expression {self.text!r} is not finite for {dict(values)}")
+            raise self._error(f"is not finite ({result}) for {read}")
         return result
 
     def _eval(self, node: ast.AST, values: Mapping[str, float]) -> float:
@@ -88,10 +119,7 @@ class Expr:
             return values[self._slots[node.id]]
         if isinstance(node, ast.BinOp):
             left, right = self._eval(node.left, values), self._eval(node.right, values)
-            try:
-                return _BINARY[type(node.op)](left, right)
-            except ZeroDivisionError as err:
-                raise ConfigError(f"expression {self.text!r} divides by zero for {dict(values)}") from err
+            return _BINARY[type(node.op)](left, right)
         if isinstance(node, ast.UnaryOp):
             value = self._eval(node.operand, values)
             return -value if isinstance(node.op, ast.USub) else value
@@ -102,8 +130,8 @@ class Expr:
 def bound(value: float | str, key: str) -> float | Expr:
     """A bound from YAML: a number, or an expression string over earlier parameters."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ConfigError(f"{key}={value!r}: expected a number or an expression string")
+        raise ConfigError(f"{key}={excerpt(value)}: expected a number or an expression string")
     if isinstance(value, str):
-        expr = Expr(value)
+        expr = Expr(value, key)
         return expr.evaluate({}) if not expr.names else expr
     return value

@@ -12,12 +12,14 @@ trial at ``max_t`` has trained all its steps: it completes, it is not pruned at 
 a trial's first evaluation at or past a rung is recorded there, and it stops if that value is
 below the ``1 - 1/rf`` quantile of the values recorded at the rung. A trial recorded at a rung
 is not judged there again (its earlier decision stands: a resumed trial re-reports the steps
-after its checkpoint). Trials are known by their Optuna trial number, the identity that survives
+after its checkpoint). A NaN value counts as the worst: it stops where the rung has a cutoff, and
+is left out of the cutoff. Trials are known by their Optuna trial number, the identity that survives
 a restart, not by Tune's trial id.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -88,14 +90,15 @@ class StudyASHA(FIFOScheduler):
                 return TrialScheduler.CONTINUE  # judged at this rung (or a higher one) before
             cutoff = self.cutoff(milestone)
             recorded[number] = self.sign * value
-            if cutoff is not None and self.sign * value < cutoff:
+            # NaN (a derived metric that could not be computed) ranks below every value
+            if cutoff is not None and (math.isnan(value) or self.sign * value < cutoff):
                 return TrialScheduler.STOP
             return TrialScheduler.CONTINUE
         return TrialScheduler.CONTINUE
 
     def cutoff(self, milestone: int) -> float | None:
-        values = list(self.rungs[milestone].values())
-        return float(np.nanpercentile(values, (1 - 1 / self.rf) * 100)) if values else None
+        values = [v for v in self.rungs[milestone].values() if not math.isnan(v)]
+        return float(np.percentile(values, (1 - 1 / self.rf) * 100)) if values else None
 
     def debug_string(self) -> str:
         return "ASHA rungs: " + " | ".join(f"step {m}: {len(r)} trials, cutoff {self.cutoff(m)}"

@@ -241,7 +241,7 @@ def space_from_dict(data: dict[str, Any], path: Path, overrides: list[str]) -> S
         raise ConfigError(f"search space {path.name}: base config {spec.base!r}: {err}") from err
     try:
         params = [Param.parse(str(key), value) for key, value in spec.params.items()]
-        derived = {str(k): Expr(str(v)) for k, v in spec.derived.items()}
+        derived = {str(k): Expr(str(v), f"derived.{k}") for k, v in spec.derived.items()}
         space = SearchSpace(path.stem, spec, base_dict, params, derived)
         validate(space)
     except ConfigError as err:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -36,6 +35,7 @@ from urm_ray import heartbeat, redact, tracking
 from urm_ray.cluster import init_ray, scaled_up
 from urm_ray.data import builtin, stream
 from urm_ray.errors import ConfigError
+from urm_ray.names import SWEEP_MAX_LENGTH, check_name, timestamped
 from urm_ray.tracking import KIND_TAG, SWEEP_TAG
 from urm_ray.tune import databases, report
 from urm_ray.tune.fate import FateRecorder, record_interrupted
@@ -67,9 +67,11 @@ class SweepOutcome:
 
 def create_sweep(source: str, overrides: list[str], name: str = "", root: str = DEFAULT_ROOT,
                  storage_url: str = "") -> tuple[SweepInfo, SearchSpace]:
-    """Validate the space, then lay out a new sweep folder (nothing runs yet)."""
+    """Validate the name and the space, then lay out a new sweep folder (nothing runs yet)."""
+    if name:
+        check_name("--name", name, SWEEP_MAX_LENGTH)
     space = load_space(source, overrides)
-    name = name or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = name or timestamped(space.name, SWEEP_MAX_LENGTH)
     folder = Path(root).resolve() / name
     if (folder / INFO_FILE).exists():
         raise ConfigError(f"sweep {name!r} already exists in {folder.parent}; resume it with "
@@ -113,6 +115,7 @@ def load_sweep(name: str, root: str = DEFAULT_ROOT, storage_url: str = "") -> tu
     """A sweep as created. ``sweep.json`` holds no password: one comes back from ``storage_url``
     (``--storage``) and ``$MLFLOW_TRACKING_URI`` where they are the recorded URLs with a password
     (``redact.recall``), else from PGPASSWORD, ~/.pgpass or MLflow's own variables."""
+    check_name("sweep name", name, SWEEP_MAX_LENGTH)
     folder = Path(root).resolve() / name
     if not (folder / INFO_FILE).is_file():
         known = sorted(p.parent.name for p in folder.parent.glob(f"*/{INFO_FILE}"))

@@ -203,19 +203,22 @@ def matched_answers(answers: Tensor, inputs: Tensor, labels: Tensor,
     together towards all the group's solutions: nearest-label targets alone let them all settle
     on one. A row alone with its input gets its own label.
     Returns (targets [B, L], distance [B] of each answer to its target: 0 where they are equal).
+    The matching runs on the host (scipy): the costs and the inputs come over in one copy, so a
+    step on a GPU waits for it once.
     """
     from scipy.optimize import linear_sum_assignment  # on first use: most processes never match
 
-    group = torch.unique(inputs, dim=0, return_inverse=True)[1]  # [B]
+    rows = len(labels)
     supervised = labels != ignore_index  # [B, L]
     distance = ((answers.unsqueeze(1) != labels.unsqueeze(0)) & supervised.unsqueeze(0)).sum(-1)  # [B, B]
-    cost = (2 * distance - torch.eye(len(labels), dtype=distance.dtype, device=distance.device)).cpu().numpy()
-    match = np.arange(len(labels))
-    group_np = group.cpu().numpy()
+    cost = 2 * distance - torch.eye(rows, dtype=distance.dtype, device=distance.device)
+    host = torch.cat([cost.long(), inputs.long()], dim=1).cpu().numpy()  # [B, B + L]
+    cost_np, group_np = host[:, :rows], np.unique(host[:, rows:], axis=0, return_inverse=True)[1].reshape(-1)
+    match = np.arange(rows)
     for members in (np.flatnonzero(group_np == g) for g in np.unique(group_np)):
         if len(members) > 1:
-            rows, cols = linear_sum_assignment(cost[np.ix_(members, members)])
-            match[members[rows]] = members[cols]
+            pairs, cols = linear_sum_assignment(cost_np[np.ix_(members, members)])
+            match[members[pairs]] = members[cols]
     matched = torch.as_tensor(match, device=labels.device)
     return labels[matched], distance.gather(1, matched.unsqueeze(1)).squeeze(1)
 

@@ -12,6 +12,14 @@ torch.compile whole::
 
     objective = objective_for(cfg, meta)        # ConfigError where the task lacks a hook it asks for
     loss, metrics = objective(outputs, carry)   # the carry's rows, after the model's forward
+
+Host work: the eager part is the training step's only host work, and only where a config asks
+for it (``model.halt_target: verifier``, ``model.prior_match`` > 0, ``*_targets: nearest``):
+each hook copies this step's decoded boards to the host in one copy (a sync on a GPU), runs
+the task's numpy check or scipy's assignment, and copies its targets back. They judge the
+decodes of the step itself, so they cannot move to the data pipeline or to report steps, and an
+exact minimum-cost assignment has no static-shape form on the device. Every other objective,
+GRAM's default guidance included, reads nothing back (tests/test_step_syncs.py).
 """
 
 from __future__ import annotations

@@ -34,21 +34,21 @@ def evaluate_batch(
     """Roll one batch through all ACT segments; returns per-metric sums (float64 scalars).
 
     ``valid`` counts final answers that ``verifier`` accepts (any valid solution, for tasks with
-    several); without a verifier it equals ``exact``."""
+    several); without a verifier it equals ``exact``. The model must be in eval mode, where every
+    row halts at the segment limit: the rollout runs that many segments and never asks the device
+    whether it is done (no host sync per segment)."""
+    _require_eval(model, "evaluate_batch")
     carry = model.initial_carry(batch)
     rows = batch["labels"].shape[0]
     q_segments = torch.zeros(rows, dtype=torch.long, device=batch["labels"].device)
     q_exact = torch.zeros(rows, dtype=torch.bool, device=batch["labels"].device)
-    segments = 0
-    while True:
+    segments = model.max_segments
+    for segment in range(1, segments + 1):
         carry, outputs = model(carry, batch)
-        segments += 1
         exact, tokens_correct, tokens = _correctness(outputs["logits"], batch["labels"])
         stop_now = (outputs["q_halt_logits"] > 0) & (q_segments == 0)
-        q_segments = torch.where(stop_now, segments, q_segments)
+        q_segments = torch.where(stop_now, segment, q_segments)
         q_exact = torch.where(stop_now, exact, q_exact)
-        if bool(carry.halted.all()):
-            break
     unset = q_segments == 0
     q_segments = torch.where(unset, segments, q_segments)
     q_exact = torch.where(unset, exact, q_exact)
@@ -59,6 +59,13 @@ def evaluate_batch(
     values = (rows, exact.sum(), tokens_correct.sum(), tokens.sum(), segments * rows,
               q_segments.sum(), q_exact.sum(), valid.sum())
     return {k: torch.as_tensor(v, dtype=torch.float64) for k, v in zip(SUM_KEYS, values)}
+
+
+def _require_eval(model: nn.Module, caller: str) -> None:
+    """ValueError unless ``model`` is in eval mode (an ACT model then halts only at its limit)."""
+    if model.training:
+        raise ValueError(f"{caller} needs model.eval(): in training mode rows halt by the Q-head and "
+                         "restart on fresh data (and GRAM samples from its posterior, which reads the labels)")
 
 
 def _correctness(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -76,12 +83,13 @@ def _answer_correctness(answers: torch.Tensor, labels: torch.Tensor) -> tuple[to
 def accumulate(per_batch: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],
                batches: Iterable[dict[str, torch.Tensor]], keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """Sum ``per_batch``'s float64 sums over batches (sums, so ranks can all-reduce before
-    dividing); every key starts at 0, so a rank without batches still contributes all of them."""
-    totals = {k: torch.zeros((), dtype=torch.float64) for k in keys}
+    dividing); every key starts at 0, so a rank without batches still contributes all of them.
+    The sums stay on the device until the last batch: one read back per key, not per batch."""
+    totals: dict[str, torch.Tensor] = {}
     for batch in batches:
         for key, value in per_batch(batch).items():
-            totals[key] += value.cpu()
-    return totals
+            totals[key] = totals[key] + value if key in totals else value
+    return {k: totals[k].cpu() if k in totals else torch.zeros((), dtype=torch.float64) for k in keys}
 
 
 # reported metric -> (numerator, denominator) among the summed counts
@@ -146,26 +154,27 @@ def sample_answers(model: nn.Module, batch: dict[str, torch.Tensor], num_samples
     paper's inference): then a trajectory answers at the first segment whose halt head says halt
     (q_halt_logits > 0), or at the limit. The model must be in eval mode: in training GRAM guides
     with its posterior, which sees the labels.
+
+    At the limit the rollout runs the model's ``max_segments`` without a host sync. With "q" it
+    reads one flag per segment back from the device, whether every trajectory has answered, and
+    stops there: the segments saved are what halting on Q is for.
     """
     if num_samples < 1:
         raise ValueError(f"num_samples={num_samples} must be >= 1")
-    if model.training:
-        raise ValueError("sample_answers needs model.eval(): in training mode GRAM samples from its "
-                         "posterior, which reads the labels")
+    _require_eval(model, "sample_answers")
     repeated = {k: v.repeat(num_samples, *([1] * (v.ndim - 1))) for k, v in batch.items()}
     carry = model.initial_carry(repeated)
     on_q = getattr(model, "sample_halt", "limit") == "q"
     answers, done, segments = None, torch.zeros_like(carry.halted), 0
-    while True:
+    while segments < model.max_segments:
         carry, outputs = model(carry, repeated)
         segments += 1
         decoded = outputs["logits"].argmax(-1)
         answers = decoded if answers is None else torch.where(done.unsqueeze(-1), answers, decoded)
-        done = done | carry.halted
         if on_q:
             done = done | (outputs["q_halt_logits"] > 0)
-        if bool(done.all()):  # done includes every halted row
-            break
+            if bool(done.all()):  # the early stop's one host read per segment
+                break
     return answers.view(num_samples, *batch["labels"].shape), segments
 
 

@@ -128,8 +128,9 @@ class Rollout:
 def rollout(model: nn.Module, batch: dict[str, Tensor], width: int, halt_early: bool,
             views: Optional[Views] = None) -> Rollout:
     """Run ``width`` trajectories of every row of ``batch`` through all of the model's segments
-    (eval mode: an ACT model halts only at its segment limit), each on its view where ``views``
-    are given (answers mapped back onto the puzzles)."""
+    (eval mode: an ACT model halts only at its segment limit, so no segment asks the device
+    whether to go on), each on its view where ``views`` are given (answers mapped back onto the
+    puzzles)."""
     if model.training:
         raise ValueError("rollout needs model.eval()")
     repeated = {k: v.repeat(width, *([1] * (v.ndim - 1))) for k, v in batch.items()}
@@ -137,7 +138,7 @@ def rollout(model: nn.Module, batch: dict[str, Tensor], width: int, halt_early: 
         repeated = views.apply(repeated)
     carry = model.initial_carry(repeated)
     answers, q_halt, confidence = [], [], []
-    while True:
+    for _ in range(model.max_segments):
         carry, outputs = model(carry, repeated)
         decoded = outputs["logits"].argmax(-1)  # [N * B, L]
         log_probs = outputs["logits"].float().log_softmax(-1)  # [N * B, L, V]
@@ -146,8 +147,6 @@ def rollout(model: nn.Module, batch: dict[str, Tensor], width: int, halt_early: 
             decoded = views.invert(decoded)
         answers.append(decoded.view(width, *batch["labels"].shape))
         q_halt.append(outputs["q_halt_logits"].float().view(width, -1))
-        if bool(carry.halted.all()):
-            break
     q = torch.stack(q_halt)  # [K, N, B]
     segments = len(answers)
     halts_at = torch.full(q.shape[1:], segments, dtype=torch.long, device=q.device)

@@ -30,7 +30,9 @@ label it teaches the Q-head to halt at once, and deep supervision never sees lat
 ``prior_match`` (off by default) adds a second training pass of the segment, guided by the prior
 and with gradient (``transitions`` with no target): its decode ``prior_logits`` is trained
 towards the batch's labels for the same input, matched one to one to the draws
-(``losses.matched_answers``), so the core learns to decode the states inference reaches.
+(``losses.matched_answers``), so the core learns to decode the states inference reaches. That
+matching, like ``halt_target: verifier``, runs on the host once per step (objectives.py, "Host
+work"); everything else here stays on the device.
 
 ``noise_scale = 0`` builds no guidance modules: the model is then exactly TRM (same weights, so
 a TRM state dict loads). Samples differ only through the global torch RNG; N trajectories run

@@ -2,7 +2,8 @@
 
 A verifier maps (answers, inputs, labels), each [N, L] token ids on any device, to [N] bool on the
 answers' device: True when the answer is a valid solution of the input, whichever solution it is.
-Each task's module holds its numpy check (`PuzzleTask.verifier`); this wraps it for tensors. Uses:
+Each task's module holds its numpy check (`PuzzleTask.verifier`); this wraps it for tensors (one
+copy to the host and back per call: a host sync where the tensors are on a GPU). Uses:
 GRAM's halting target (``model.halt_target: verifier``), the validity / coverage counts of
 sampled evaluation, ``eval/valid_accuracy`` and ``urm-ray sample``.
 
@@ -30,10 +31,15 @@ from urm_ray.errors import ConfigError
 Verifier = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
+def to_host(*boards: Tensor) -> list[np.ndarray]:
+    """Token boards [N, L] (any integer dtypes) as int64 numpy arrays, in ONE copy from the device:
+    a host check waits for the device once, not once per board."""
+    return list(torch.stack([t.detach().long() for t in boards]).cpu().numpy())
+
+
 def _on_numpy(check: NumpyCheck) -> Verifier:
     def verify(answers: Tensor, inputs: Tensor, labels: Tensor) -> Tensor:
-        arrays = (t.detach().cpu().numpy() for t in (answers, inputs, labels))
-        ok = check(*arrays)
+        ok = check(*to_host(answers, inputs, labels))
         return torch.from_numpy(np.asarray(ok, dtype=bool)).to(answers.device)
 
     return verify
@@ -63,7 +69,7 @@ def nearest_for(task: str, seq_len: int, vocab_size: int) -> Search:
     search = factory(seq_len, vocab_size)
 
     def nearest(answers: Tensor, inputs: Tensor, labels: Tensor) -> Tensor:
-        targets = search(*(t.detach().cpu().numpy() for t in (answers, inputs, labels)))
+        targets = search(*to_host(answers, inputs, labels))
         return torch.from_numpy(np.asarray(targets)).to(labels.device, labels.dtype)
 
     return nearest

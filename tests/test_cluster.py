@@ -139,7 +139,12 @@ def test_node_types_head_spot_and_on_demand(cluster_config):
     spot = [t for t in workers.values() if t["node_config"].get("InstanceMarketOptions", {}).get("MarketType") == "spot"]
     on_demand = [t for t in workers.values() if "InstanceMarketOptions" not in t["node_config"]]
     assert len(spot) >= 2 and all(t["resources"]["GPU"] == 1 == t["resources"]["spot_gpu"] for t in spot)
-    assert on_demand and all(t["resources"]["GPU"] == t["resources"]["ondemand_gpu"] > 1 for t in on_demand)
+    # each on-demand type offers a resource of its own, one per GPU: an 8-worker run asks for one
+    # and so lands on one node of one type
+    own = [next(k for k in t["resources"] if k.startswith("ondemand_")) for t in on_demand]
+    assert on_demand and len(set(own)) == len(own)
+    assert all(t["resources"]["GPU"] == t["resources"][key] > 1 for t, key in zip(on_demand, own))
+    assert {t["node_config"]["InstanceType"] for t in on_demand} >= {"p4d.24xlarge", "p5.48xlarge"}
     assert all(t.get("min_workers", 0) == 0 for t in workers.values())  # autoscaled from zero
     for t in types.values():  # credentials from an instance profile, never keys
         assert "instance-profile/" in t["node_config"]["IamInstanceProfile"]["Arn"]

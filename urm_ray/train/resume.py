@@ -202,7 +202,12 @@ def _running_run(cfg: RunConfig) -> tracking.RunSummary | None:
 
 
 def _beat_age(cfg: RunConfig) -> float | None:
-    run = _running_run(cfg)
+    """For the lock's refusal: the heartbeat's age, if the store answers (the lock decides)."""
+    try:
+        run = _running_run(cfg)
+    except Exception as err:  # noqa: BLE001 (an unreachable store must not hide the refusal)
+        logger.debug("heartbeat of run %s not read: %s", cfg.train.run_name, err)
+        return None
     return None if run is None else heartbeat.last_beat_age(run.tags)
 
 

@@ -1,74 +1,86 @@
 #!/usr/bin/env bash
-# The GPU check, one script, under 8 minutes on one GPU; prints a short table last.
+# The GPU check: one run of at most 10 minutes (the sum of its steps' timeouts, printed first) on
+# one GPU machine that has PyTorch and nothing of this project installed, from the repository root.
 #
-#   bash bench/gpu_check.sh [OUT_DIR]        # OUT_DIR defaults to ./gpu_check
+#   bash bench/gpu_check.sh OUT_DIR              # on the GPU; OUT_DIR defaults to ./gpu_check
+#   bash bench/gpu_check.sh --dry-run OUT_DIR    # every step at tiny size on the CPU (tests/test_bench.py)
 #
-# 1. parity: every family's forward and loss, CUDA bf16 compiled, against CPU fp32 (loss 1e-2,
-#    logits 3e-2 relative: bf16 keeps 8 significant bits)
-# 2. throughput, MFU and peak GPU memory, eager and compiled, for the paper's URM (hidden 512,
-#    4 layers, 8 heads, loops 8, truncation 2) on the ARC shape (900 tokens + puzzle prefix), at the
-#    largest batch of 256 / 128 / 64 / 32 / 16 that fits (probed eager, one step each)
-# 3. `urm-ray train sudoku4-urm` on the GPU for at most 2 minutes; it must learn
+# Every step is its own Python process under its own timeout that appends one JSON line per
+# measurement to OUT_DIR/results.jsonl as it measures ({"check", "status", figures...}); its output
+# goes to OUT_DIR/log.txt. A step cut by its timeout, out of memory or failing keeps the rows it
+# wrote, the script adds a "step" row with its exit code, and the next step runs. The summary
+# table comes last (also in OUT_DIR/summary.md). The steps (docs/benchmarks.md, "GPU check"):
+#   parity_fp32   every family's step, CUDA fp32 against CPU fp32: loss, gradients, weights after
+#   bf16_error    eager bf16 against eager fp32, and compiled bf16 against eager bf16
+#   flash         whether flash attention runs in the model's attention at bf16
+#   sync_debug    host synchronisations in each family's step (0 expected)
+#   ddp           DDP + compile over NCCL at world size 1: the losses of the plain step
+#   gram_sampling GRAM's N = 20 trajectories against N = 1
+#   throughput    the paper's URM at the Sudoku and ARC shapes, one process per mode: samples/s,
+#                 peak memory, MFU against the spec sheet and a measured matmul (matmul rows)
+#   vs_official   our step against the official URM step, bf16 compiled both (perf-vs-official)
+# --dry-run: CPU, tiny sizes, two families, gloo, torch.compile's eager backend, two steps at a
+# time; each step's timeout is then 300 s, a guard against a hang.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+dry=()
+if [ "${1:-}" = --dry-run ]; then dry=(--dry-run); shift; fi
 out=${1:-gpu_check}
 mkdir -p "$out"
-py=${PYTHON:-python}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-"$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/gpu.txt"
+results="$out/results.jsonl" log="$out/log.txt"
+: > "$results"
+: > "$log"
+py=${PYTHON:-python3}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+families="urm hrm trm gram gram_urm transformer"
+[ ${#dry[@]} -gt 0 ] && families="urm gram_urm"
 
-echo "== 1. parity (bf16 compiled vs CPU fp32)"
-timeout 150 "$py" bench/gpu_parity.py --device cuda --json "$out/parity.json" || echo "parity: FAILED (rc $?)"
-
-echo "== 2. throughput at the paper's URM size, ARC shape"
-arc=(sudoku4-urm model.hidden_size=512 model.num_heads=8 model.num_layers=4 model.expansion=4
-     model.loops=8 model.truncation=2 model.puzzle_emb_dim=512 --vocab 12 --seq-len 900 --device cuda)
-batch=0
-for b in 256 128 64 32 16; do
-  if timeout 60 "$py" bench/throughput.py "${arc[@]}" train.global_batch_size=$b --modes eager \
-      --rounds 1 --steps 1 --warmup 1 > "$out/probe_$b.txt" 2>&1; then batch=$b; break; fi
-done
-echo "largest batch that fits: $batch"
-if [ "$batch" -gt 0 ]; then
-  timeout 240 "$py" bench/throughput.py "${arc[@]}" train.global_batch_size=$batch --rounds 3 --steps 5 \
-    --warmup 3 --json "$out/throughput.json" | tee "$out/throughput.txt" || echo "throughput: FAILED"
+# name, timeout in seconds, script in bench/ and its arguments
+steps=(
+  "env 15 gpu_report.py env"
+  "parity_fp32 45 gpu_parity.py fp32 --families $families"
+  "bf16_error 75 gpu_parity.py bf16 --families $families --compiled urm gram_urm"
+  "flash 30 gpu_kernels.py flash"
+  "sync_debug 25 gpu_kernels.py sync --families $families"
+  "ddp 40 gpu_ddp.py"
+  "gram_sampling 25 gpu_sampling.py"
+  "throughput_eager_fp32 40 gpu_throughput.py --mode eager --precision fp32"
+  "throughput_eager_bf16 35 gpu_throughput.py --mode eager --precision bf16"
+  "throughput_compiled_bf16 95 gpu_throughput.py --mode compiled --precision bf16"
+  "throughput_compiled_fp32 95 gpu_throughput.py --mode compiled --precision fp32"
+  "vs_official 55 gpu_official.py"
+  "summary 5 gpu_report.py summary"
+)
+budget=0
+for step in "${steps[@]}"; do read -r _ limit _ <<< "$step"; budget=$((budget + limit)); done
+if [ ${#dry[@]} -gt 0 ]; then
+  echo "dry run on the CPU: ${#steps[@]} steps, 300 s timeout each; on a GPU the budget is $budget s"
+else
+  echo "budget: $budget s, the sum of ${#steps[@]} steps' timeouts"
 fi
 
-echo "== 3. sudoku4-urm on the GPU, 2 minutes at most"
-start=$(date +%s)
-timeout 150 urm-ray train sudoku4-urm train.device=cuda train.storage_path="$out/runs" \
-  tracking.tracking_uri="sqlite:///$PWD/$out/mlflow.db" > "$out/train.json" 2> "$out/train.log" \
-  || echo "train: FAILED or cut at 150 s (rc $?)"
-echo "train wall: $(( $(date +%s) - start )) s"
+# run_step NAME TIMEOUT SCRIPT ARGS: its output into the log (whole, after it ends), then its step row
+run_step() {
+  local name=$1 limit=$2 script=$3 args=$4 start=$SECONDS rc status
+  echo "== $name (at most $limit s)"
+  # shellcheck disable=SC2086  # args holds several words
+  timeout -k 5 "$limit" "$py" "bench/$script" $args --out "$results" ${dry[@]+"${dry[@]}"} > "$out/.$name.log" 2>&1
+  rc=$?
+  { echo "== $name"; cat "$out/.$name.log"; } >> "$log" && rm "$out/.$name.log"
+  case $rc in 0) status=ok ;; 124 | 137) status=timeout ;; *) status=error ;; esac
+  printf '{"check": "step", "status": "%s", "step": "%s", "rc": %d, "seconds": %d, "timeout_s": %d}\n' \
+    "$status" "$name" "$rc" $((SECONDS - start)) "$limit" | tee -a "$results"
+}
 
-echo "== summary"
-"$py" - "$out" <<'PY'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-def load(name):
-    path = out / name
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-print(f"GPU: {(out / 'gpu.txt').read_text().splitlines()[0]}")
-print("| check | result |\n|---|---|")
-for row in load("parity.json") or []:
-    print(f"| parity {row['family']} | logits {row['logits_rel_err']:.1e}, loss {row['loss_rel_err']:.1e},"
-          f" argmax agree {row['argmax_agree']:.1%} {'ok' if row['ok'] else 'FAIL'} |")
-tp = load("throughput.json")
-if tp:
-    for mode in ("eager", "compiled"):
-        print(f"| URM 512x4, ARC shape, batch {tp['batch_per_worker']}, {mode} | {tp[mode + '_samples_per_s']:.1f}"
-              f" samples/s, MFU {tp.get(mode + '_mfu', 0):.1%}, peak {tp[mode + '_peak_mem_mib'] / 1024:.1f} GiB,"
-              f" warm-up {tp[mode + '_warmup_s']:.0f} s |")
-    print(f"| compiled / eager | {tp['compiled_over_eager']:.2f} |")
-train = load("train.json")
-if train:
-    acc = train.get("eval/exact_accuracy")
-    print(f"| sudoku4-urm on GPU | held-out exact {acc:.1%} at step {train.get('step')}"
-          f" {'(learned)' if acc and acc > 0.5 else '(did NOT learn)'} |")
-else:
-    print("| sudoku4-urm on GPU | no result |")
-PY
+for step in "${steps[@]}"; do
+  read -r name limit script args <<< "$step"
+  [ "$name" = summary ] && break
+  if [ ${#dry[@]} -eq 0 ]; then
+    run_step "$name" "$limit" "$script" "$args"
+  else  # two at a time: on a CPU each step is mostly PyTorch's import
+    run_step "$name" 300 "$script" "$args" &
+    while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n; done
+  fi
+done
+wait
+timeout "$limit" "$py" bench/gpu_report.py summary --out "$results" | tee "$out/summary.md"

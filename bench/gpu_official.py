@@ -7,9 +7,9 @@ The official side comes from the perf-vs-official harness (``--harness``; defaul
 ``$PERF_VS_OFFICIAL``), run from where it lies, never copied: its ``build_official`` is the official
 ``pretrain.py`` step (forward_dtype bfloat16, its dwconv in bf16, ``torch.compile`` of the whole
 model) on the official initialisation and batch that its ``prepare`` saves (into a temporary
-``$PERF_CACHE``). Ours is ``build_state`` + ``train_step`` with ``train.bf16`` and ``train.compile``
-on the same weights and batch, with the harness's optimizer settings at a constant learning rate,
-as the official side runs. Without the harness, or without pydantic (which the official code
+``$PERF_CACHE``, removed at the end). Ours is ``build_state`` + ``train_step`` with ``train.bf16``
+and ``train.compile`` on the same weights and batch, with the harness's optimizer settings at a
+constant learning rate, as the official side runs. Without the harness, or without pydantic (which the official code
 imports), the step writes one row, ``skipped``.
 
 Each side's first step (compilation) is timed alone and written at once; then both are timed in
@@ -88,7 +88,6 @@ def official_step(harness: ModuleType, name: str, blob: dict, device: torch.devi
 
 
 def compare(args: argparse.Namespace, device: torch.device, harness_path: Path, results: Results) -> None:
-    os.environ["PERF_CACHE"] = tempfile.mkdtemp(prefix="perf-cache-")  # read when the harness is imported
     harness = load_harness(harness_path)
     harness.prepare(args.config)
     blob = torch.load(harness.CACHE / f"{args.config}.pt")
@@ -139,7 +138,9 @@ def main() -> None:
         results.write("skipped", reason="the official code needs pydantic, which is not installed",
                       harness=str(harness))
         return
-    compare(args, device, harness, results)
+    with tempfile.TemporaryDirectory(prefix="perf-cache-") as cache:
+        os.environ["PERF_CACHE"] = cache  # where the harness's prepare saves; read when it is imported
+        compare(args, device, harness, results)
 
 
 if __name__ == "__main__":

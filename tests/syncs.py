@@ -17,7 +17,9 @@ It records, each with the few project frames it came from:
 - calls into numpy and scipy from outside them (``sys.setprofile``): host work on device values.
 
 The dispatch mode ignores compile internals, so a compiled region runs compiled under it and
-only its calls to eager kernels are seen.
+only its calls to eager kernels are seen. Dynamo traces a function mode, and breaks graphs
+inside it, so around compiled code ``HostSyncs(compiled=True)`` catches the Tensor methods by
+the profiler instead (their C calls: ``.to("cpu")``'s argument is not seen there).
 """
 
 from __future__ import annotations
@@ -100,16 +102,21 @@ class _Function(TorchFunctionMode):
 class HostSyncs:
     """Records host syncs and numpy / scipy calls inside its block (``seen``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: bool = False) -> None:
         self.seen: list[str] = []
-        self._modes = (_Function(self.seen), _Dispatch(self.seen))
+        self._modes = (_Dispatch(self.seen),) if compiled else (_Function(self.seen), _Dispatch(self.seen))
+        self._methods_by_profile = compiled
 
     def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
             module = frame.f_globals.get("__name__", "")
             caller = frame.f_back.f_globals.get("__name__", "") if frame.f_back else ""
         elif event == "c_call":
-            module = getattr(arg, "__module__", None) or type(getattr(arg, "__self__", None)).__module__
+            owner = getattr(arg, "__self__", None)
+            if self._methods_by_profile and isinstance(owner, torch.Tensor) and arg.__name__ in HOST_READS:
+                self.seen.append(f"Tensor.{arg.__name__} at {_where()}")
+                return
+            module = getattr(arg, "__module__", None) or type(owner).__module__
             caller = frame.f_globals.get("__name__", "")
         else:
             return

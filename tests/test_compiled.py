@@ -1,4 +1,5 @@
-"""The training step: compiled equals eager for every family, and no host sync inside it."""
+"""The training step: compiled equals eager for every family, one graph per shape (evaluation's
+batch sizes share one), no graph break, no host sync inside it, and no silent fallback to eager."""
 
 from __future__ import annotations
 
@@ -10,16 +11,15 @@ import torch
 import torch._dynamo
 import torch._inductor.config
 from torch._dynamo.utils import counters
-from torch.overrides import TorchFunctionMode
 
-from urm_ray.train.compiled import compile_enabled
-from urm_ray.eval.heldout import evaluate_batch
+from urm_ray.eval import testtime
+from urm_ray.eval.config import EvalConfig
+from urm_ray.eval.heldout import evaluate_batch, evaluate_sampled
+from urm_ray.train.compiled import compile_enabled, compile_model
 from urm_ray.train.step import TrainState, autocast, bf16_autocast, evaluation_model, train_step
 
-from tiny import FAMILIES, batch, trainer
-
-# Tensor methods that copy a device value to the host (a sync on CUDA)
-HOST_READS = {"item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"}
+from syncs import HostSyncs
+from tiny import FAMILIES, batch, config, trainer
 
 
 def _assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, name: str, tol: float = 1e-5) -> None:
@@ -75,28 +75,95 @@ def test_compiled_step_equals_eager(family: str, extra: tuple[str, ...]):
         assert eager.model.puzzle_emb.weights.abs().sum() > 0
 
 
+def _rows(data: dict[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
+    """The first ``rows`` rows of a batch: the last, partial batch of an evaluation."""
+    return {k: v[:rows] for k, v in data.items()}
+
+
+def _evaluations(model: torch.nn.Module, guided: bool, last_rows: int) -> None:
+    """Every evaluation a run does, at the eval batch size (8) and at a last, partial batch."""
+    for data in (batch(100), _rows(batch(101), last_rows)):
+        evaluate_batch(model, data)
+        if guided:  # GRAM's sampling: K x B rows
+            evaluate_sampled(model, data, 3)
+        settings = EvalConfig(width=2)  # test-time width: N x B rows
+        with testtime.applied(model, settings):
+            testtime.evaluate_testtime(model, _rows(data, last_rows // 2 + 1), settings)
+
+
 @pytest.mark.parametrize(("family", "extra"), CASES)
 def test_compiled_step_and_evaluation_compile_whole_graphs_once(family: str, extra: tuple[str, ...]):
     """No graph break in the compiled parts of training and evaluation, and once the first steps
     and an evaluation have compiled every graph (grad / no-grad, train / eval), nothing compiles
-    again: a recompile raises."""
+    again: not the next steps, and not evaluation at batch sizes it has not seen (the last batch,
+    K x B samples, N x B trajectories), which share one graph. A recompile raises. The steps
+    after the first read nothing back to the host (tests/syncs.py), except the one documented
+    copy of GRAM's prior match."""
     torch._dynamo.reset()
     counters.clear()
     tiny = trainer(family, True, extra)
+    guided = family.startswith("gram")
 
-    def steps_and_evaluation(first: int) -> None:
-        for step in range(first, first + 3):
-            train_step(tiny, batch(step))
+    def steps_and_evaluation(first: int, last_rows: int) -> HostSyncs:
+        with HostSyncs(compiled=True) as syncs:
+            for step in range(first, first + 3):
+                train_step(tiny, batch(step))
         with evaluation_model(tiny) as model:
-            evaluate_batch(model, batch(100 + first))
+            _evaluations(model, guided, last_rows)
+        return syncs
 
-    steps_and_evaluation(0)
+    steps_and_evaluation(0, 5)
     graphs = counters["stats"]["unique_graphs"]
     assert graphs > 0
     with torch._dynamo.config.patch(error_on_recompile=True):
-        steps_and_evaluation(3)
+        syncs = steps_and_evaluation(3, 3)
     assert counters["stats"]["unique_graphs"] == graphs
     assert dict(counters["graph_break"]) == {}
+    assert all("matched_answers" in seen for seen in syncs.seen) and bool(syncs.seen) == bool(extra), syncs.report()
+    assert torch._dynamo.config.fail_on_recompile_limit_hit  # past the limit: an error, never eager
+
+
+def test_hitting_the_recompile_limit_raises_rather_than_running_eagerly():
+    """What ``compile_model`` turns on: a function compiled past Dynamo's recompile limit raises."""
+    torch._dynamo.reset()
+
+    class Model(torch.nn.Module):
+        def core(self, state: dict, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            return x
+
+    compile_model(Model())  # sets fail_on_recompile_limit_hit
+
+    @torch.compile(backend="eager", dynamic=False)
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    with torch._dynamo.config.patch(recompile_limit=2), pytest.raises(Exception, match="recompile_limit"):
+        for size in range(1, 5):
+            double(torch.ones(size))
+
+
+def test_a_trial_forgets_the_graphs_its_actor_compiled_before():
+    """A reused Tune trial actor starts a trial with train.compile on from no graphs; off, it
+    leaves them."""
+    from urm_ray.tune.trial import forget_compiled_graphs
+
+    torch._dynamo.reset()
+    counters.clear()
+
+    @torch.compile(backend="eager", dynamic=False)
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def compiles() -> int:
+        before = counters["stats"]["unique_graphs"]
+        double(torch.ones(2))
+        return counters["stats"]["unique_graphs"] - before
+
+    assert compiles() == 1 and compiles() == 0
+    forget_compiled_graphs(config("urm", compiled=False))
+    assert compiles() == 0
+    forget_compiled_graphs(config("urm", compiled=True))
+    assert compiles() == 1
 
 
 def test_graph_break_and_recompile_checks_see_them():
@@ -147,41 +214,6 @@ def test_bf16_setting_auto_means_cuda_only():
         return isinstance(ctx, torch.autocast) and (ctx.device, ctx.fast_dtype) == (device, torch.bfloat16)
     assert on("cuda", "auto") and on("cuda", True) and not on("cuda", False)
     assert not on("cpu", "auto") and on("cpu", True) and not on("cpu", False)
-
-
-class _HostReads(TorchFunctionMode):
-    """Records every Tensor method call that reads a value back to the host."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        # .to("cpu") written out is a copy to the host; .to(device) with the compute device
-        # (what torch's own helpers do) is not, so only the string form counts
-        if name in HOST_READS or (name == "to" and "cpu" in [*args[1:], *(kwargs or {}).values()]):
-            self.calls.append(name)
-        return func(*args, **(kwargs or {}))
-
-
-@pytest.mark.parametrize("family", ["urm", "gram"])
-def test_training_step_reads_nothing_back_to_the_host(family: str):
-    tiny = trainer(family, False)
-    train_step(tiny, batch(0))  # first step: optimizer state is created
-    with _HostReads() as reads:
-        for step in range(1, 3):
-            metrics = train_step(tiny, batch(step))
-    assert reads.calls == []
-    assert all(value.device == tiny.device and value.dim() == 0 for value in metrics.values())
-
-
-def test_host_read_counter_sees_reads():
-    """The counter itself: a step that logged with .item() would be caught."""
-    with _HostReads() as reads:
-        value = torch.ones(2).sum()
-        value.item(), float(value), bool(value > 0), value.cpu(), value.to("cpu")
-    assert reads.calls == ["item", "__float__", "__bool__", "cpu", "to"]
 
 
 def test_a_diverging_step_is_flagged_on_the_device_and_stops_the_run():

@@ -94,6 +94,20 @@ def test_the_recorder_sees_every_kind_of_sync():
     assert not syncs.seen, syncs.report()  # what the sync-free code uses instead
 
 
+def test_the_recorder_around_compiled_code_sees_reads_and_syncs_inside_it():
+    @torch.compile(backend="eager", dynamic=False)
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        return x * x.sum().item()
+
+    x = torch.ones(3)
+    scaled(x)
+    with HostSyncs(compiled=True) as syncs:
+        scaled(x), x.tolist(), x.numpy(), x.cpu(), x.sum().item()
+    kinds = [seen.split(" at ")[0] for seen in syncs.seen]
+    item = ["Tensor.item", "aten._local_scalar_dense.default"]  # the one in scaled: a graph break, run eagerly
+    assert kinds == [*item, "Tensor.tolist", "Tensor.numpy", "Tensor.cpu", *item], kinds
+
+
 def test_the_recorder_names_where_a_sync_came_from():
     from urm_ray.losses import matched_answers
 

@@ -114,12 +114,23 @@ def _run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
         _evaluate(ctx, cfg, name, tags, params, derived)
         return
     if cfg.train.num_workers == 1:
+        forget_compiled_graphs(cfg)
         fit_in_trial(cfg, tags, params, derived.for_tune)
         return
     result = fit(cfg, tags=tags, callbacks=[DerivedReport(derived)], params=params)
     if result.metrics.get("step") == cfg.train.steps:
         # A run resumed after its last step reports nothing itself: hand Tune its final result.
         ray.tune.report(derived.add(result.metrics))
+
+
+def forget_compiled_graphs(cfg: Any) -> None:
+    """Before a trial trains in this (reused) actor: with ``train.compile`` on, drop the graphs the
+    actor's earlier trials compiled. Dynamo never frees them, and they count towards its recompile
+    limit, which raises once it is hit (``train.compiled``)."""
+    if cfg.train.compile is not False:
+        from urm_ray.train.compiled import reset_compiled  # imports torch; keep this module light
+
+        reset_compiled()
 
 
 def _evaluate(ctx: TrialContext, cfg: Any, name: str, tags: dict[str, str], params: dict[str, Any],

@@ -56,16 +56,20 @@ EXAMPLES = {
     "sweep": """examples:
   urm-ray sweep quickstart trials=8                           # a shipped space, 8 trials
   urm-ray sweep quickstart --name qs trials=4 train.steps=500  # shorter trials, named qs
-  urm-ray sweep --resume qs                                   # continue after Ctrl-C""",
+  urm-ray sweep --resume qs                                   # continue after Ctrl-C
+  urm-ray sweep --resume qs --trials 20                       # 20 trials in all, same study
+  urm-ray sweep quickstart --warm-start qs:3 --max-device-hours 4 --price 2.5""",
     "runs": """examples:
   urm-ray runs                                                # ./mlflow.db, newest 50 runs
   urm-ray runs --experiment sweep-qs --limit 20""",
     "best": """examples:
   urm-ray best qs                                             # prints it, writes sweeps/qs/best_config.yaml
-  urm-ray train sweeps/qs/best_config.yaml train.steps=2000""",
+  urm-ray train sweeps/qs/best_config.yaml train.steps=2000
+  urm-ray best qc --pick 5                                    # several objectives: the front, trial 5's config""",
     "final": """examples:
   urm-ray final qs                                            # the space's top configs and seeds
-  urm-ray final qs --top 2 --seeds 3 train.num_workers=2""",
+  urm-ray final qs --top 2 --seeds 3 train.num_workers=2
+  urm-ray final qc --pick 5                                   # the Pareto front's trial 5""",
     "data": """examples:
   urm-ray data sudoku --out data/s4 --size 4                  # generated 4x4 Sudoku
   urm-ray data arc --source ARC_DIR --out data/arc1           # ARC-AGI (urm-ray data arc --help)""",
@@ -89,7 +93,7 @@ def _train(args: argparse.Namespace) -> None:
     with Progress("train", cfg.train.steps, unit="steps", live=sys.stderr.isatty()) as progress:
         result = fit(cfg, scale_up_s=args.scale_up, verbose=args.verbose, progress=progress)
         progress.phase("done")  # the bar left on the terminal: the run's whole time
-    summary = {k: v for k, v in result.metrics.items() if k.startswith(("eval/", "arc/")) or k == "step"}
+    summary = {k: v for k, v in result.metrics.items() if k.startswith(registry.HELD_OUT_PREFIXES) or k == "step"}
     print(json.dumps({"run_name": result.run_name, "checkpoint": result.checkpoint_path,
                       "mlflow_run_id": result.mlflow_run_id,
                       **_ui(cfg.tracking.tracking_uri, result.mlflow_run_id), **summary}, indent=2))
@@ -132,7 +136,7 @@ def _eval(args: argparse.Namespace) -> None:
     if settings is not None:
         _eval_test_time(args, settings, live)
         return
-    if not offline.task_of(args.checkpoint).versioned:
+    if offline.task_of(args.checkpoint).scoring is None:
         offline.check_temperature(offline.config_of(args.checkpoint), args.temperature)  # before Ray starts
         init_ray(verbose=args.verbose)  # its split is read with Ray Data
         metrics = offline.evaluate_checkpoint(args.checkpoint, split=args.split, max_rows=args.max_rows,
@@ -162,7 +166,7 @@ def _test_time(args: argparse.Namespace) -> EvalConfig | None:
     from urm_ray.eval import offline
 
     asked = (args.width, args.noise, args.views, args.select, args.segments, args.loops, args.seed)
-    halt_early = args.halt_early and not offline.task_of(args.checkpoint).versioned  # ARC's is its own
+    halt_early = args.halt_early and offline.task_of(args.checkpoint).scoring is None  # else the score's own
     if asked == (1, 0.0, False, "vote", 0, 0, 0) and not halt_early:
         return None
     return EvalConfig(width=args.width, noise=args.noise, views=args.views, select=args.select,
@@ -173,7 +177,7 @@ def _eval_test_time(args: argparse.Namespace, settings: EvalConfig, live: bool) 
     from urm_ray.cluster import init_ray
     from urm_ray.eval import offline
 
-    if offline.task_of(args.checkpoint).versioned:
+    if offline.task_of(args.checkpoint).scoring is not None:
         raise ConfigError("--width/--noise/--views/--select/--segments/--loops: an ARC checkpoint votes over augmented "
                           "versions (--augmentations); test-time settings are for the other tasks")
     if args.temperature is not None:
@@ -198,18 +202,25 @@ def _sample(args: argparse.Namespace) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    from urm_ray.tune.sweep import create_sweep, load_sweep, resume_hint, run_sweep
+    from urm_ray.tune.sweep import create_sweep, extend, load_sweep, resume_hint, run_sweep, set_caps
 
     if not args.verbose:
         quiet_optuna()
     if args.resume:
-        if args.space or args.overrides:
-            raise ConfigError("--resume NAME continues a sweep as created; give no SPACE or overrides")
+        if args.space or args.overrides or args.warm_start:
+            raise ConfigError("--resume NAME continues a sweep as created; give no SPACE, overrides or "
+                              "--warm-start (--trials N raises its total)")
         info, space = load_sweep(args.resume, args.dir, args.storage)
+        if args.trials is not None:
+            space = extend(info, space, args.trials)
     elif not args.space:
         raise ConfigError("give a search space (a YAML path or a shipped space's name) or --resume NAME")
+    elif args.trials is not None:
+        raise ConfigError("--trials N extends a sweep with --resume; a new sweep takes trials=N")
     else:
-        info, space = create_sweep(args.space, args.overrides, args.name, args.dir, args.storage)
+        info, space = create_sweep(args.space, args.overrides, args.name, args.dir, args.storage,
+                                   args.warm_start)
+    set_caps(info, args.max_hours, args.max_device_hours, args.price)
     print(f"sweep {info.name} in {info.folder} (MLflow experiment {info.experiment!r})", flush=True)
     outcome = run_sweep(info, space, resume=bool(args.resume), scale_up_s=args.scale_up,
                         verbose=args.verbose)
@@ -217,6 +228,8 @@ def _sweep(args: argparse.Namespace) -> None:
                       "requested": outcome.requested, f"best {space.metric}": outcome.best_value,
                       "best_config": outcome.best_config_path,
                       **_ui(info.tracking_uri, info.parent_run_id, experiment=True)}, indent=2))
+    if outcome.capped:
+        print(f"stopped: {outcome.capped}; {resume_hint(outcome.name)} and a larger cap", file=sys.stderr)
     if outcome.interrupted:  # Tune stopped on Ctrl-C and saved the sweep
         print(f"interrupted: {resume_hint(outcome.name)}", file=sys.stderr)
         raise Interrupted()
@@ -232,9 +245,13 @@ def _runs(args: argparse.Namespace) -> None:
 
 
 def _best(args: argparse.Namespace) -> None:
-    from urm_ray.tune.best import export_best
+    from urm_ray.tune.best import export_best, front_table
 
-    trial, path, text = export_best(args.name, args.dir, args.out)
+    trial, path, text = export_best(args.name, args.dir, args.out, args.pick)
+    front = front_table(args.name, args.dir)
+    if front:  # as YAML comments: stdout stays the config
+        print(f"# Pareto front ({front.count(chr(10))} trials; --pick N exports trial N):")
+        print("\n".join(f"# {line}" for line in front.splitlines()))
     print(text, end="")
     print(f"# trial {trial.number}: {trial.values} -> {path}", file=sys.stderr)
 
@@ -243,8 +260,9 @@ def _final(args: argparse.Namespace) -> None:
     from urm_ray.tune.best import final
 
     outcome = final(args.name, args.dir, args.seeds, args.top, args.overrides, args.model_name,
-                    scale_up_s=args.scale_up, verbose=args.verbose, live=sys.stderr.isatty())
-    summary = {k: v for k, v in outcome.metrics.items() if k.startswith(("eval/", "arc/")) or k == "step"}
+                    scale_up_s=args.scale_up, verbose=args.verbose, live=sys.stderr.isatty(),
+                    pick=args.pick)
+    summary = {k: v for k, v in outcome.metrics.items() if k.startswith(registry.HELD_OUT_PREFIXES) or k == "step"}
     print(json.dumps({"winner_trial": outcome.winner, "seed_scores": outcome.scores,
                       "mlflow_run_id": outcome.run_id, **_ui(_sweep_tracking_uri(args), outcome.run_id),
                       "registered_model": outcome.model_name,
@@ -310,8 +328,8 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--loops", type=int, default=0,
                     help="block-stack passes per segment, URM-like families (0 = as trained)")
     ev.add_argument("--seed", type=int, default=0, help="seed of the test-time noise and views")
-    ev.add_argument("--pass-k", type=int, nargs="+", default=[1, 2, 10, 100, 1000],
-                    help="ARC: report pass@k for these k")
+    ev.add_argument("--pass-k", type=int, nargs="+", default=[],
+                    help="ARC: report pass@k for these k (default: 1 2 10 100 1000)")
     ev.add_argument("--out", default="", help="ARC, test-time settings: write the full report as JSON")
     ev.add_argument("--no-mlflow", dest="mlflow", action="store_false",
                     help="ARC, test-time settings: do not log the evaluation to MLflow")
@@ -360,6 +378,16 @@ def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
                             "recorded with its password: with --resume, give it again, or keep the "
                             "password in PGPASSWORD or ~/.pgpass (docs/databases.md)")
     sweep.add_argument("--dir", default="sweeps", help="folder holding sweeps (default ./sweeps)")
+    sweep.add_argument("--trials", type=int, default=None, metavar="N",
+                       help="with --resume: raise the sweep's total to N trials (sampled by the same study)")
+    sweep.add_argument("--warm-start", default="", metavar="SWEEP[:k]",
+                       help="try the best k (default 3) completed trials of another sweep first")
+    sweep.add_argument("--max-hours", type=float, default=None, metavar="H",
+                       help="start no new trial after H hours of the sweep's wall time (a resume's too)")
+    sweep.add_argument("--max-device-hours", type=float, default=None, metavar="D",
+                       help="start no new trial once the finished trials used D device-hours")
+    sweep.add_argument("--price", type=float, default=None, metavar="USD",
+                       help="price of one device-hour: the sweep logs cost/usd")
     _scale_up_option(sweep)
     _verbose_option(sweep)
     sweep.set_defaults(func=_sweep)
@@ -368,6 +396,9 @@ def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
     best.add_argument("name")
     best.add_argument("--out", default="", help="YAML file to write (default <sweep>/best_config.yaml)")
     best.add_argument("--dir", default="sweeps")
+    best.add_argument("--pick", type=int, default=None, metavar="N",
+                      help="the Pareto front's trial N (a sweep with several objectives; default its most "
+                           "accurate)")
     best.set_defaults(func=_best)
 
     fin = _command(sub, "final", "re-run the top configs over seeds, train and register the winner")
@@ -376,6 +407,8 @@ def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
     fin.add_argument("--seeds", type=int, default=0, help="seeds per top config (default: the space's)")
     fin.add_argument("--top", type=int, default=0, help="configs to re-check (default: the space's)")
     fin.add_argument("--model-name", default="", help="registered model (default urm-ray-<sweep>)")
+    fin.add_argument("--pick", type=int, default=None, metavar="N",
+                     help="train the Pareto front's trial N (`urm-ray best NAME` lists the front)")
     fin.add_argument("--dir", default="sweeps")
     _scale_up_option(fin)
     _verbose_option(fin)

@@ -2,6 +2,8 @@
 
     urm-ray best NAME                        print the best config, write <sweep>/best_config.yaml
     urm-ray final NAME --seeds 3 train.num_workers=2
+    urm-ray best NAME --pick 5               several objectives: the Pareto front, trial 5's config
+    urm-ray final NAME --pick 5              train the front's trial 5
 
 ``final`` re-trains the sweep's top configs (``--top``, default from the space) at the sweep's
 trial length with ``--seeds`` new seeds each, because one short run of a config varies by about
@@ -27,11 +29,13 @@ from ray import tune
 
 from urm_ray import tracking
 from urm_ray.cluster import init_ray, scaled_up
+from urm_ray.data.tasks import registry
 from urm_ray.config import RunConfig, apply_overrides, build_config, dump_yaml, with_values
 from urm_ray.errors import ConfigError, Interrupted
 from urm_ray.names import check_name
 from urm_ray.progress import Progress
 from urm_ray.tracking import KIND_TAG, SWEEP_TAG, TRIAL_TAG
+from urm_ray.tune import pareto
 from urm_ray.tune.final_view import RecheckProgress, run_label
 from urm_ray.tune.info import SweepInfo
 from urm_ray.tune.report import BEST_FILE, best_config, ranked
@@ -53,17 +57,36 @@ class FinalOutcome:
     model_version: str | None
 
 
-def top_trials(info: SweepInfo, space: SearchSpace, count: int) -> list[FrozenTrial]:
-    trials = ranked(info.study(), space)[:count]
+def top_trials(info: SweepInfo, space: SearchSpace, count: int, pick: int | None = None) -> list[FrozenTrial]:
+    """The ``count`` best completed trials by the first objective; with several objectives, the
+    Pareto front's, or the front's trial ``pick`` alone (a trial off the front is refused)."""
+    study = info.study()
+    if pick is not None:
+        return [pareto.pick(study.trials, space.spec.objectives, pick)]
+    if len(space.spec.objectives) > 1:
+        trials = pareto.pareto_front(study.trials, space.spec.objectives)[:count]
+    else:
+        trials = ranked(study, space)[:count]
     if not trials:
         raise ConfigError(f"sweep {info.name!r} has no completed trial yet")
     return trials
 
 
-def export_best(name: str, root: str = DEFAULT_ROOT, out: str = "") -> tuple[FrozenTrial, Path, str]:
-    """The best trial, the file its config was written to, and that YAML."""
+def front_table(name: str, root: str = DEFAULT_ROOT) -> str:
+    """The Pareto front of a sweep with several objectives as a table ("" with one objective)."""
     info, space = load_sweep(name, root)
-    trial = top_trials(info, space, 1)[0]
+    if len(space.spec.objectives) < 2:
+        return ""
+    front = pareto.pareto_front(info.study().trials, space.spec.objectives)
+    return pareto.describe(front, space.spec.objectives, [p.key for p in space.params])
+
+
+def export_best(name: str, root: str = DEFAULT_ROOT, out: str = "",
+                pick: int | None = None) -> tuple[FrozenTrial, Path, str]:
+    """The best trial (or the Pareto front's trial ``pick``), the file its config was written to,
+    and that YAML."""
+    info, space = load_sweep(name, root)
+    trial = top_trials(info, space, 1, pick)[0]
     text = dump_yaml(best_config(space, trial, info.trial_overrides))
     path = Path(out) if out else info.path / BEST_FILE
     path.write_text(text)
@@ -72,12 +95,18 @@ def export_best(name: str, root: str = DEFAULT_ROOT, out: str = "") -> tuple[Fro
 
 def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
           overrides: list[str] | None = None, model_name: str = "",
-          scale_up_s: float = 0.0, verbose: bool = False, live: bool = False) -> FinalOutcome:
+          scale_up_s: float = 0.0, verbose: bool = False, live: bool = False,
+          pick: int | None = None) -> FinalOutcome:
     """Re-evaluate the top configs over seeds, train the winner at full length, register it.
 
+    ``pick``: the Pareto front's trial to train (re-checked over its seeds alone); without it a
+    sweep with several objectives re-checks the front's most accurate ``top`` members.
     ``scale_up_s`` > 0: ask the autoscaler for the nodes of each stage and wait that long.
     ``verbose``: show Ray's output. ``live``: progress bars on stderr (a terminal), else lines.
     """
+    if pick is not None and top:
+        raise ConfigError(f"--pick {pick} and --top {top}: --pick trains one chosen trial, --top "
+                          "re-checks the best ones; give one of them")
     if model_name:  # registered at the very end: checked before anything trains
         check_name("--model-name", model_name)
     info, space = load_sweep(name, root)
@@ -85,7 +114,7 @@ def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
         raise ConfigError(f"sweep {name} is an evaluation sweep: its best settings need no training; "
                           f"`urm-ray best {name}` prints them, `urm-ray eval {space.spec.checkpoint} --width ...` "
                           "applies them")
-    candidates = top_trials(info, space, top or space.spec.final.top)
+    candidates = top_trials(info, space, top or space.spec.final.top, pick)
     seeds = seeds or space.spec.final.seeds
     if not ray.is_initialized():
         init_ray(verbose=verbose)
@@ -209,7 +238,7 @@ def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, over
 
 def _register(info: SweepInfo, cfg: RunConfig, model: Any, run_id: str, metrics: dict[str, Any],
               model_name: str) -> str:
-    tags = {k: str(v) for k, v in metrics.items() if k.startswith(("eval/", "arc/"))}
+    tags = {k: str(v) for k, v in metrics.items() if k.startswith(registry.HELD_OUT_PREFIXES)}
     tags.update({"sweep": info.name, "sweep_parent_run_id": info.parent_run_id})
     with tempfile.TemporaryDirectory() as folder:
         config_file = Path(folder) / "config.yaml"

@@ -2,7 +2,8 @@
 
 Written into the sweep folder and uploaded to the sweep's parent MLflow run:
 ``leaderboard.csv`` (every trial: fate, objective values, last step, sampled values, MLflow run
-id), ``best_config.yaml`` (a training config ``urm-ray train`` accepts, without the resources
+id; with several objectives a ``pareto`` column marks the front's members), ``pareto.csv`` (the
+front, with several objectives), ``best_config.yaml`` (a training config ``urm-ray train`` accepts, without the resources
 the sweep gave each trial) and ``plots/*.png`` (optimization history, parameter importances,
 parallel coordinates, slices).
 """
@@ -22,6 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from urm_ray import tracking
 from urm_ray.config import RunConfig, dump_yaml
 from urm_ray.tracking import TRIAL_TAG
+from urm_ray.tune import pareto
 from urm_ray.tune.expr import Expr
 from urm_ray.tune.info import SweepInfo
 from urm_ray.tune.params import Param
@@ -58,8 +60,13 @@ def best_config(space: SearchSpace, trial: FrozenTrial, overrides: dict[str, Any
     return space.trial_config(dict(trial.params), without_resources(overrides))
 
 
-def leaderboard(study: optuna.Study, space: SearchSpace, run_ids: dict[int, str]) -> list[dict[str, Any]]:
+def leaderboard(study: optuna.Study, space: SearchSpace, run_ids: dict[int, str],
+                costs: dict[int, dict[str, float]] | None = None) -> list[dict[str, Any]]:
+    """One row per trial, best first; ``costs``: trial number -> its ``cost/*`` metrics."""
+    costs = costs or {}
     order = {t.number: i for i, t in enumerate(ranked(study, space))}
+    multi = len(space.spec.objectives) > 1
+    front = {t.number for t in pareto.pareto_front(study.trials, space.spec.objectives)} if multi else set()
     rows = []
     for trial in sorted(study.trials, key=lambda t: (order.get(t.number, len(order)), t.number)):
         row: dict[str, Any] = {
@@ -68,20 +75,25 @@ def leaderboard(study: optuna.Study, space: SearchSpace, run_ids: dict[int, str]
             "fate": trial.user_attrs.get(FATE_ATTR, trial.state.name.lower()),
             "last_step": trial.user_attrs.get("last_step", ""),
         }
+        if multi:  # a member of the Pareto front
+            row["pareto"] = "yes" if trial.number in front else ""
         for i, objective in enumerate(space.spec.objectives):
             row[objective.metric] = trial.values[i] if trial.values else ""
         row.update({p.key: trial.params.get(p.key, "") for p in space.params})
         duration = trial.duration.total_seconds() if trial.duration else ""
-        row.update({"duration_s": duration, "mlflow_run_id": run_ids.get(trial.number, "")})
+        device_s = costs.get(trial.number, {}).get("cost/device_seconds")
+        row.update({"duration_s": duration, "device_hours": "" if device_s is None else device_s / 3600,
+                    "mlflow_run_id": run_ids.get(trial.number, "")})
         rows.append(row)
     return rows
 
 
-def write_report(study: optuna.Study, space: SearchSpace, info: SweepInfo) -> FrozenTrial | None:
+def write_report(study: optuna.Study, space: SearchSpace, info: SweepInfo,
+                 costs: dict[int, dict[str, float]] | None = None) -> FrozenTrial | None:
     """Write and upload the report; returns the best completed trial (None if there is none)."""
     runs = tracking.child_runs(info.tracking_uri, info.experiment, info.parent_run_id)
     run_ids = {int(r.tags[TRIAL_TAG]): r.run_id for r in runs if TRIAL_TAG in r.tags}
-    rows = leaderboard(study, space, run_ids)
+    rows = leaderboard(study, space, run_ids, costs)
     _write_csv(rows, info.path / LEADERBOARD_FILE)
     files = [info.path / LEADERBOARD_FILE]
     best = next(iter(ranked(study, space)), None)
@@ -91,12 +103,28 @@ def write_report(study: optuna.Study, space: SearchSpace, info: SweepInfo) -> Fr
         best_values = {f"best/{o.metric}": v for o, v in zip(space.spec.objectives, best.values)}
         tracking.log_metrics(info.tracking_uri, info.parent_run_id, best_values)
         tracking.set_tags(info.tracking_uri, info.parent_run_id, {"urm_ray.best_trial": str(best.number)})
+    if len(space.spec.objectives) > 1:
+        files.append(write_front(study, space, info, run_ids))
     for path in files:
         tracking.log_artifact(info.tracking_uri, info.parent_run_id, path)
     plots = write_plots(study, space, info.path / "plots")
     if plots:
         tracking.log_artifact(info.tracking_uri, info.parent_run_id, info.path / "plots", "plots")
     return best
+
+
+def write_front(study: optuna.Study, space: SearchSpace, info: SweepInfo, run_ids: dict[int, str]) -> Path:
+    """``pareto.csv`` in the sweep folder, and ``urm_ray.pareto`` true/false on every trial's run
+    (false too: a trial may leave the front as a resumed sweep finishes more trials)."""
+    objectives, keys = space.spec.objectives, [p.key for p in space.params]
+    front = pareto.pareto_front(study.trials, objectives)
+    path = info.path / pareto.PARETO_FILE
+    header = ["trial", *(o.metric for o in objectives), *keys]
+    pareto.write_csv(pareto.rows(front, objectives, keys), header, path)
+    members = {t.number for t in front}
+    for number, run_id in sorted(run_ids.items()):
+        tracking.set_tags(info.tracking_uri, run_id, {pareto.PARETO_TAG: str(number in members).lower()})
+    return path
 
 
 def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:

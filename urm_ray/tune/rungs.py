@@ -15,6 +15,13 @@ is not judged there again (its earlier decision stands: a resumed trial re-repor
 after its checkpoint). A NaN value counts as the worst: it stops where the rung has a cutoff, and
 is left out of the cutoff. Trials are known by their Optuna trial number, the identity that survives
 a restart, not by Tune's trial id.
+
+With several objectives (``StudyDominance``) the rungs are the same but the rule is Pareto
+dominance: a trial stops at a rung only if a trial recorded there is at least as good on every
+objective and better on one, so a trial on the rung's own front (the most accurate, the cheapest,
+or any trade-off between them) always goes on. Optuna keeps no intermediate values for a
+multi-objective study; the searcher records each evaluation's objective values in the trial's
+``EVALS_ATTR`` user attribute instead, and a restart reads the rungs back from there.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ import optuna
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from urm_ray.tune.info import storage
-from urm_ray.tune.search import TRIAL_KEY
+from urm_ray.tune.pareto import dominates, signed
+from urm_ray.tune.search import EVALS_ATTR, TRIAL_KEY
 
 
 def milestones(grace: int, max_t: int, rf: float) -> list[int]:
@@ -103,3 +111,51 @@ class StudyASHA(FIFOScheduler):
     def debug_string(self) -> str:
         return "ASHA rungs: " + " | ".join(f"step {m}: {len(r)} trials, cutoff {self.cutoff(m)}"
                                            for m, r in sorted(self.rungs.items()))
+
+
+class StudyDominance(StudyASHA):
+    """The rungs of ``StudyASHA`` over several objectives, with the dominance rule (see module)."""
+
+    def __init__(self, metrics: list[str], modes: list[str], max_t: int, grace: int, rf: float,
+                 storage_url: str, study_name: str) -> None:
+        super().__init__(metrics[0], modes[0], max_t, grace, rf, storage_url, study_name)
+        self.metrics = list(metrics)
+        self.signs = [1.0 if m == "max" else -1.0 for m in modes]
+        self.points: dict[int, dict[int, tuple[float, ...]]] = {m: {} for m in self.rungs}
+
+    def _seed_from_study(self) -> None:
+        study = optuna.load_study(study_name=self.study_name, storage=storage(self.storage_url))
+        for trial in study.get_trials(deepcopy=False):
+            evals = trial.user_attrs.get(EVALS_ATTR, {})
+            steps = sorted(int(s) for s in evals)
+            for milestone, recorded in self.points.items():
+                reached = [s for s in steps if s >= milestone]
+                if reached and trial.number not in recorded:
+                    recorded[trial.number] = signed(evals[str(reached[0])], self.signs)
+        self.seeded = True
+
+    def _judge(self, trial, result: dict) -> str:
+        if "step" not in result or TRIAL_KEY not in trial.config or any(m not in result for m in self.metrics):
+            return TrialScheduler.CONTINUE
+        if not self.seeded:
+            self._seed_from_study()
+        values = [float(result[m]) for m in self.metrics]
+        return self.decide(int(trial.config[TRIAL_KEY]), int(result["step"]), values)
+
+    def decide(self, number: int, step: int, value) -> str:
+        """CONTINUE or STOP for trial ``number`` evaluated at ``step`` with objective ``value``s."""
+        point = signed(value, self.signs)
+        for milestone in sorted(self.points, reverse=True):
+            recorded = self.points[milestone]
+            if step < milestone:
+                continue
+            if number in recorded:
+                return TrialScheduler.CONTINUE
+            dominated = any(dominates(other, point) for other in recorded.values())
+            recorded[number] = point
+            return TrialScheduler.STOP if dominated else TrialScheduler.CONTINUE
+        return TrialScheduler.CONTINUE
+
+    def debug_string(self) -> str:
+        return "dominance rungs: " + " | ".join(f"step {m}: {len(r)} trials"
+                                                for m, r in sorted(self.points.items()))

@@ -8,6 +8,9 @@ What changes against ``ray.tune.search.optuna.OptunaSearch``:
   that merely start fast. ``pruned_as="complete"`` keeps Ray's behaviour (for the benchmark).
 - Intermediate values are reported at training steps (``step``), and only when the metric is
   present: before the first evaluation the reports carry no ``eval/*`` values.
+- With several objectives the study has one direction each and TPE samples multi-objective
+  (its model ranks completed trials by non-dominated sorting); a trial stopped early is PRUNED,
+  so it never becomes a point of the Pareto front, and its evaluations go to ``EVALS_ATTR``.
 - Each suggestion carries the Optuna trial number (``TRIAL_KEY``), the identity of the trial
   everywhere: its Ray Train run name and its MLflow run name derive from it.
 - Resume after a killed driver: Optuna trials asked after Tune's last experiment checkpoint
@@ -34,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 TRIAL_KEY = "trial_number"  # in every trial's Tune config: the Optuna trial number
 FATE_ATTR = "fate"  # Optuna user attribute: completed, pruned, failed
+EVALS_ATTR = "evals"  # Optuna user attribute of a multi-objective trial: step -> objective values
 
 
 def make_sampler(space: SearchSpace, kind: str | None = None) -> optuna.samplers.BaseSampler:
@@ -104,13 +108,25 @@ class SweepSearch(OptunaSearch):
     def _report(self, trial: optuna.Trial, result: dict) -> None:
         """The primary metric as an intermediate value at its training step (single objective)."""
         if isinstance(self.metric, list):
-            return  # Optuna keeps no intermediate values for multi-objective studies
+            self._record_evaluation(trial, result)
+            return
         value, step = result.get(self.metric), result.get("step")
         if value is None or step is None or not math.isfinite(value):
             return
         frozen = _frozen(trial)
         if frozen.state == TrialState.RUNNING and int(step) not in frozen.intermediate_values:
             trial.report(float(value), int(step))
+
+    def _record_evaluation(self, trial: optuna.Trial, result: dict) -> None:
+        """Every objective at the result's step, in ``EVALS_ATTR`` (Optuna keeps no intermediate
+        values for a multi-objective study; the dominance rungs read them back after a restart)."""
+        values, step = [result.get(m) for m in self.metric], result.get("step")
+        if step is None or None in values:
+            return
+        frozen = _frozen(trial)
+        evals = frozen.user_attrs.get(EVALS_ATTR, {})
+        if frozen.state == TrialState.RUNNING and str(int(step)) not in evals:
+            trial.set_user_attr(EVALS_ATTR, {**evals, str(int(step)): [float(v) for v in values]})
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id in self._completed_trials:

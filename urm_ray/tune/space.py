@@ -37,6 +37,7 @@ from urm_ray.config import (
     read_yaml,
     with_values,
 )
+from urm_ray.data.tasks import registry
 from urm_ray.errors import CheckpointError, ConfigError
 from urm_ray.eval.config import EvalConfig
 from urm_ray.tune.expr import Expr
@@ -48,8 +49,9 @@ CONFIG_SECTIONS = ("model", *SECTIONS)
 NOT_SEARCHABLE = ("train.steps", "train.run_name", "train.storage_path", "train.num_workers",
                   "train.cpus_per_worker", "train.gpus_per_worker", "train.device", "data.path")
 MAX_COMBINATIONS = 4096  # combinations of grid values that validation tries, at most
-# metrics a run reports: held-out evaluation (eval/*, and ARC pass@k by voting, arc/*) and training
-EVALUATED = ("eval/", "arc/")
+# metrics a run reports: held-out evaluation (eval/*, and each task's own score, e.g. ARC's arc/*)
+# and training
+EVALUATED = registry.HELD_OUT_PREFIXES
 TESTTIME = "eval/testtime/"  # what an evaluation sweep's trials report (``eval.testtime``)
 REPORTED = (*EVALUATED, "train/")
 
@@ -91,7 +93,7 @@ class Search:
     seed: int = 0  # the sampler's seed
     startup_trials: int = 8  # TPE: random trials before the model takes over
     # how a trial stopped early reaches Optuna: "pruned" (right), or "complete" with its early
-    # value, as Ray's OptunaSearch does (kept to measure the difference: bench/sweep_efficiency.py)
+    # value, as Ray's OptunaSearch does (the difference: docs/benchmarks.md, "Sweeps")
     pruned_as: Literal["pruned", "complete"] = "pruned"
 
 
@@ -117,7 +119,8 @@ class SpaceSpec:
     checkpoint: str = ""
     description: str = ""  # what the space searches, in one line
     overrides: dict = field(default_factory=dict)  # fixed dotted-key changes to the base
-    # the metrics optimised; the first drives early stopping (several make a Pareto front)
+    # the metrics optimised; several make a Pareto front (early stopping then stops a trial only
+    # where another dominates it). One objective may instead be given as top-level metric/mode.
     objectives: list[Objective] = field(default_factory=lambda: [Objective()])
     derived: dict = field(default_factory=dict)  # metric name -> expression over metrics and params
     start_from: list = field(default_factory=list)  # parameter dicts tried first (e.g. the paper's)
@@ -222,7 +225,8 @@ def load_space(source: str, overrides: list[str] | None = None) -> SearchSpace:
 def space_from_dict(data: dict[str, Any], path: Path, overrides: list[str]) -> SearchSpace:
     config_over = [o for o in overrides if o.partition("=")[0].split(".")[0] in CONFIG_SECTIONS]
     space_over = [o for o in overrides if o not in config_over]
-    spec = from_dict(SpaceSpec, with_values(data, parse_overrides(space_over, "trials=8")), path.stem)
+    data = _one_objective_form(with_values(data, parse_overrides(space_over, "trials=8")), path)
+    spec = from_dict(SpaceSpec, data, path.stem)
     if not spec.base and not spec.checkpoint:
         raise ConfigError(f"search space {path.name}: give base (a training sweep) or checkpoint (an evaluation "
                           "sweep)")
@@ -249,6 +253,21 @@ def space_from_dict(data: dict[str, Any], path: Path, overrides: list[str]) -> S
     if spec.checkpoint:  # last: it reads the whole state
         _check_checkpoint_state(path, Path(spec.checkpoint))
     return space
+
+
+def _one_objective_form(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``metric: M, mode: max`` is ``objectives: [{metric: M, mode: max}]``; both forms together
+    are ambiguous."""
+    short = [k for k in ("metric", "mode") if k in data]
+    if not short:
+        return data
+    if "objectives" in data:
+        raise ConfigError(f"search space {path.name}: give either {' and '.join(short)} (one objective) "
+                          "or objectives (a list of {metric, mode}), not both")
+    if "metric" not in data:
+        raise ConfigError(f"search space {path.name}: mode without metric; give metric too, or objectives")
+    rest = {k: v for k, v in data.items() if k not in short}
+    return {**rest, "objectives": [{"metric": data["metric"], "mode": data.get("mode", "max")}]}
 
 
 def _checkpoint_config(folder: Path) -> dict[str, Any]:
@@ -324,9 +343,17 @@ def _check_objectives(space: SearchSpace) -> None:
         if not (name.startswith(REPORTED) or name in space.derived):
             raise ConfigError(f"objectives: metric {name!r} is neither reported (eval/*, arc/*, "
                               "train/*) nor derived")
-        if name.startswith("arc/") and not space.base_config.train.eval_arc_views:
-            raise ConfigError(f"objectives: {name} is reported only with train.eval_arc_views > 0 "
-                              "(on ARC data)")
+        scored_by = registry.scored_by(name)
+        if scored_by is not None and not space.base_config.eval.views:
+            raise ConfigError(f"objectives: {name} is reported only with eval.views=true (the "
+                              f"{scored_by.name} task's own score, voted over eval.width views)")
+    metrics = [o.metric for o in space.spec.objectives]
+    repeated = sorted({m for m in metrics if metrics.count(m) > 1})
+    if repeated:
+        raise ConfigError(f"objectives: metric {repeated[0]!r} appears more than once")
+    if len(metrics) > 1 and space.spec.search.pruned_as == "complete":
+        raise ConfigError("search.pruned_as=complete with several objectives would put a trial's early "
+                          "values on the Pareto front; use pruned_as=pruned")
     params = {p.key for p in space.params} | set(space.fixed)
     for name, expr in space.derived.items():
         unknown = sorted(n for n in expr.names if n not in params and not n.startswith(REPORTED))
@@ -367,6 +394,9 @@ def _check_scheduler(space: SearchSpace) -> None:
     if train.eval_every and grace % train.eval_every:
         raise ConfigError(f"scheduler.grace_steps={grace} must be a multiple of train.eval_every="
                           f"{train.eval_every}, so pruning compares fresh evaluations")
+    if len(space.spec.objectives) > 1 and sched.name == "median":
+        raise ConfigError("scheduler.name=median compares the first objective alone; with several "
+                          "objectives use asha (it stops a trial only where another dominates it) or none")
     if sched.name == "asha" and sched.reduction_factor <= 1:
         raise ConfigError(f"scheduler.reduction_factor={sched.reduction_factor} must be > 1")
 
@@ -393,6 +423,12 @@ def _grid(space: SearchSpace, index: int, values: dict[str, Value]) -> Iterator[
         values[param.key] = value
         yield from _grid(space, index + 1, values)
     values.pop(param.key, None)
+
+
+def check_point(space: SearchSpace, point: Any) -> None:
+    """A point to try first (``start_from``, ``--warm-start``) sets exactly the searched keys,
+    each inside its range; else a ConfigError naming the key."""
+    _check_point(space, point)
 
 
 def _check_point(space: SearchSpace, point: Any) -> None:

@@ -17,8 +17,8 @@ its last save) are taken over by the next suggestions (see ``search.py``).
 
 from __future__ import annotations
 
-import json
 import os
+import time
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -37,18 +37,19 @@ from urm_ray.data import builtin, stream
 from urm_ray.errors import ConfigError
 from urm_ray.names import SWEEP_MAX_LENGTH, check_name, timestamped
 from urm_ray.tracking import KIND_TAG, SWEEP_TAG
-from urm_ray.tune import databases, report
+from urm_ray.tune import cost, databases, report
 from urm_ray.tune.fate import FateRecorder, record_interrupted
 from urm_ray.tune.info import INFO_FILE, SweepInfo, storage
 from urm_ray.tune.resources import Plan, plan, trial_bundles
-from urm_ray.tune.rungs import StudyASHA
-from urm_ray.tune.search import TRIAL_KEY, SweepSearch, make_sampler
-from urm_ray.tune.space import SearchSpace, find_space, load_space
+from urm_ray.tune.rungs import StudyASHA, StudyDominance
+from urm_ray.tune.search import TRIAL_KEY, make_sampler
+from urm_ray.tune.space import SearchSpace, check_point, find_space, load_space
 from urm_ray.tune.table import TrialTable
 from urm_ray.tune.trial import TrialContext, run_trial
 from urm_ray.typed import to_dict
 
 DEFAULT_ROOT = "sweeps"
+WARM_START_TOP = 3  # trials --warm-start OTHER takes without :k
 MAX_IDLE_RESTARTS = 2  # restarts in a row after a fault of the cluster that finished no trial
 
 
@@ -59,18 +60,23 @@ class SweepOutcome:
     requested: int
     best_value: Any
     best_config_path: str | None
+    capped: str = ""  # the cap that stopped new trials, if one did
 
     @property
     def interrupted(self) -> bool:
-        return self.finished < self.requested
+        return self.finished < self.requested and not self.capped
 
 
 def create_sweep(source: str, overrides: list[str], name: str = "", root: str = DEFAULT_ROOT,
-                 storage_url: str = "") -> tuple[SweepInfo, SearchSpace]:
-    """Validate the name and the space, then lay out a new sweep folder (nothing runs yet)."""
+                 storage_url: str = "", warm_start: str = "") -> tuple[SweepInfo, SearchSpace]:
+    """Validate the name and the space, then lay out a new sweep folder (nothing runs yet).
+
+    ``warm_start``: ``OTHER[:k]``, the best k (default 3) completed trials of the sweep OTHER in
+    ``root``, tried first (after the space's own ``start_from``)."""
     if name:
         check_name("--name", name, SWEEP_MAX_LENGTH)
     space = load_space(source, overrides)
+    warm = warm_points(warm_start, root, space) if warm_start else []
     name = name or timestamped(space.name, SWEEP_MAX_LENGTH)
     folder = Path(root).resolve() / name
     if (folder / INFO_FILE).exists():
@@ -84,6 +90,7 @@ def create_sweep(source: str, overrides: list[str], name: str = "", root: str = 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "base_config.yaml").write_text(yaml.safe_dump(redact.strip(space.base), sort_keys=False))
     spec = {**to_dict(space.spec), "base": "base_config.yaml", "overrides": {}}
+    spec["start_from"] = [*spec["start_from"], *(p for p in warm if p not in spec["start_from"])]
     (folder / "space.yaml").write_text(yaml.safe_dump(redact.strip(spec), sort_keys=False))
     base_storage = space.base_config.train.storage_path
     info = SweepInfo(name, str(folder), optuna_url, uri,
@@ -91,6 +98,53 @@ def create_sweep(source: str, overrides: list[str], name: str = "", root: str = 
                      run_storage=f"{base_storage.rstrip('/')}/{name}" if "://" in base_storage else "")
     info.save()
     return info, load_space(str(folder / "space.yaml"))
+
+
+def warm_points(warm_start: str, root: str, space: SearchSpace) -> list[dict[str, Any]]:
+    """The sampled values of the best k completed trials of another sweep (``OTHER[:k]``),
+    each checked against ``space``: a key it does not search, or a value outside it, is refused."""
+    other, _, k = warm_start.partition(":")
+    if k and (not k.isdigit() or int(k) < 1):
+        raise ConfigError(f"--warm-start {warm_start}: expected SWEEP or SWEEP:k with k a positive integer")
+    info, other_space = load_sweep(other, root)
+    best = report.ranked(info.study(), other_space)[:int(k or WARM_START_TOP)]
+    if not best:
+        raise ConfigError(f"--warm-start {warm_start}: sweep {other!r} has no completed trial")
+    points = [dict(trial.params) for trial in best]
+    for trial, point in zip(best, points):
+        try:
+            check_point(space, point)
+        except ConfigError as err:
+            raise ConfigError(f"--warm-start {warm_start}: trial {trial.number} of {other!r} does not fit "
+                              f"this space: {err}") from None
+    return points
+
+
+def extend(info: SweepInfo, space: SearchSpace, trials: int) -> SearchSpace:
+    """Raise the sweep's total to ``trials`` (recorded in its ``space.yaml``); the new trials are
+    asked of the same Optuna study, so they learn from the earlier ones."""
+    started = len(info.study().get_trials(deepcopy=False))
+    if trials < started:
+        raise ConfigError(f"--trials {trials}: sweep {info.name!r} has already started {started} trials; "
+                          f"give at least {started}")
+    path = info.path / "space.yaml"
+    spec = yaml.safe_load(path.read_text())
+    spec["trials"] = trials
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return load_space(str(path))
+
+
+def set_caps(info: SweepInfo, max_hours: float | None = None, max_device_hours: float | None = None,
+             price: float | None = None) -> None:
+    """Record the caps and price given (None keeps the recorded one) in ``sweep.json``."""
+    given = {"--max-hours": max_hours, "--max-device-hours": max_device_hours, "--price": price}
+    for flag, value in given.items():
+        if value is not None and not value > 0:
+            raise ConfigError(f"{flag} {value}: expected a number above 0")
+    info.max_hours = info.max_hours if max_hours is None else max_hours
+    info.max_device_hours = info.max_device_hours if max_device_hours is None else max_device_hours
+    info.price_per_hour = info.price_per_hour if price is None else price
+    info.save()
 
 
 def _refuse_stale_name(name: str, tracking_uri: str, optuna_url: str) -> None:
@@ -121,7 +175,7 @@ def load_sweep(name: str, root: str = DEFAULT_ROOT, storage_url: str = "") -> tu
         known = sorted(p.parent.name for p in folder.parent.glob(f"*/{INFO_FILE}"))
         raise ConfigError(f"no sweep {name!r} in {folder.parent}; "
                           f"sweeps there: {', '.join(known) or 'none'}")
-    info = SweepInfo(**json.loads((folder / INFO_FILE).read_text()))
+    info = SweepInfo.load(folder)
     redact.remember(storage_url)
     redact.remember(os.environ.get("MLFLOW_TRACKING_URI", ""))
     info.storage, info.tracking_uri = redact.recall(info.storage), redact.recall(info.tracking_uri)
@@ -167,11 +221,16 @@ def _run(info: SweepInfo, space: SearchSpace, resume: bool, callbacks: list[tune
     print(f"sweep {info.name}: {the_plan.describe(cluster)}", flush=True)
     info.trial_overrides = {**the_plan.train_overrides(), "data.path": data_path}
     info.parent_run_id = _open_parent(info, space, the_plan)
+    info.started_at = time.time()
     info.save()
     ctx = TrialContext(info.name, space, _trial_extra(info), info.tracking_uri, info.experiment,
                        info.parent_run_id)
-    with heartbeat.beating(info.tracking_uri, info.parent_run_id):
-        _fit(info, space, the_plan, ctx, resume, callbacks or [])
+    try:
+        with heartbeat.beating(info.tracking_uri, info.parent_run_id):
+            _fit(info, space, the_plan, ctx, resume, callbacks or [])
+    finally:  # the wall time spent counts towards --max-hours on resume
+        info.spent_s, info.started_at = info.elapsed_s(), 0.0
+        info.save()
     outcome = finish(info, space)
     if outcome.interrupted:
         record_interrupted(ctx, info.study(), resume_hint(info.name))
@@ -231,11 +290,14 @@ def finish(info: SweepInfo, space: SearchSpace) -> SweepOutcome:
     """Leaderboard, best config and plots into the sweep folder and the parent run."""
     study = info.study()
     finished = sum(t.state.is_finished() for t in study.trials)
-    best = report.write_report(study, space, info)
-    status = "FINISHED" if finished >= space.spec.trials else "KILLED"
+    costs = cost.trial_costs(info)
+    best = report.write_report(study, space, info, costs)
+    tracking.log_metrics(info.tracking_uri, info.parent_run_id, cost.sweep_cost(info, costs))
+    capped = cost.cap_reached(info) if finished < space.spec.trials else ""
+    status = "FINISHED" if finished >= space.spec.trials or capped else "KILLED"
     tracking.close_run(info.tracking_uri, info.parent_run_id, status)
     return SweepOutcome(info.name, finished, space.spec.trials, best.values[0] if best else None,
-                        str(info.path / report.BEST_FILE) if best else None)
+                        str(info.path / report.BEST_FILE) if best else None, capped)
 
 
 def _open_parent(info: SweepInfo, space: SearchSpace, the_plan: Plan) -> str:
@@ -275,6 +337,11 @@ def make_scheduler(space: SearchSpace, info: SweepInfo) -> TrialScheduler:
     """ASHA / median stopping / none, all in training steps (the ``step`` every report has)."""
     spec, train = space.spec.scheduler, space.base_config.train
     grace = spec.grace_steps or train.eval_every or train.log_every
+    objectives = space.spec.objectives
+    if spec.name == "asha" and len(objectives) > 1:  # Pareto dominance at each rung
+        return StudyDominance([o.metric for o in objectives], [o.mode for o in objectives],
+                              max_t=train.steps, grace=grace, rf=spec.reduction_factor,
+                              storage_url=info.storage, study_name=info.name)
     if spec.name == "asha":  # its rungs are read back from the study after a restart
         return StudyASHA(space.metric, space.mode, max_t=train.steps, grace=grace,
                          rf=spec.reduction_factor, storage_url=info.storage, study_name=info.name)
@@ -296,12 +363,13 @@ def _tuner(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContex
     trainable = tune.with_resources(partial(run_trial, ctx=ctx), the_plan.trial_resources())
     path = str(info.path / "tune")
     if resume and tune.Tuner.can_restore(path):
+        cost.reopen(Path(path), space.spec.trials)  # an extended total, or larger caps
         # with retries, a trial that failed (its node preempted) restarts from its checkpoint too
         return tune.Tuner.restore(path, trainable, resume_unfinished=True,
                                   resume_errored=space.retries > 0)
     sampler = make_sampler(space)
-    searcher = SweepSearch(space, storage(info.storage), info.name, sampler,
-                           pruned_as=space.spec.search.pruned_as)
+    searcher = cost.CappedSearch(space, storage(info.storage), info.name, sampler,
+                                 pruned_as=space.spec.search.pruned_as, folder=info.folder)
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -318,7 +386,8 @@ def _tuner(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContex
             # a failed trial restarts; its Ray Train run resumes from its latest checkpoint
             failure_config=tune.FailureConfig(max_failures=space.retries),
             callbacks=[FateRecorder(ctx, space.spec.scheduler.name),
-                       TrialTable(space.metric, space.mode, space.steps, space.spec.trials),
+                       TrialTable(space.metric, space.mode, space.steps, space.spec.trials,
+                                  objectives=space.spec.objectives),
                        *callbacks],
         ),
     )

@@ -6,6 +6,7 @@
     t003   pruned     100   0.203                0.203  2      0           0.00042
     t004   running    150   0.331                0.331  6      2           0.0021
 
+With several objectives a ``front`` column marks the completed trials on the Pareto front so far.
 The table holds the ``TOP`` trials by their best value and the running ones, whatever the
 sweep's size; a line under it counts the others (``urm-ray runs`` and the MLflow UI list every
 trial). On a terminal it is redrawn in place every few seconds; otherwise (a log file, CI) each
@@ -16,14 +17,19 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, TextIO
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
 from urm_ray.table import render, short
 from urm_ray.tune.fate import trial_fate
+from urm_ray.tune.pareto import dominates, signed, signs
 from urm_ray.tune.trial import split_config
+
+if TYPE_CHECKING:
+    from urm_ray.tune.space import Objective
 
 REFRESH_S = 5.0
 TOP = 10  # finished trials shown, best first
@@ -35,8 +41,11 @@ class TrialTable(Callback):
     """Tune callback that draws the table; ``metric`` is the sweep's primary objective."""
 
     def __init__(self, metric: str, mode: str, full_steps: int, requested: int,
-                 out: TextIO | None = None) -> None:
+                 out: TextIO | None = None, objectives: Sequence[Objective] = ()) -> None:
         self.metric, self.mode, self.full_steps, self.requested = metric, mode, full_steps, requested
+        # several objectives: a "front" column marks the completed trials no other one dominates
+        self.objectives = list(objectives) if len(objectives) > 1 else []
+        self.finals: dict[str, tuple[float, ...]] = {}  # completed trial id -> signed objective values
         self._out = out  # None = sys.stdout, looked up when drawing
         self.best: dict[str, float] = {}
         self.fates: dict[str, str] = {}  # trial id -> fate, once Tune has finished the trial
@@ -47,10 +56,11 @@ class TrialTable(Callback):
         return {**self.__dict__, "_out": None}  # Tune pickles its callbacks; streams do not pickle
 
     def get_state(self) -> dict[str, Any]:  # saved with Tune's experiment state, for resume
-        return {"best": dict(self.best), "fates": dict(self.fates)}
+        return {"best": dict(self.best), "fates": dict(self.fates), "finals": dict(self.finals)}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.best, self.fates = state["best"], state["fates"]
+        self.finals = state.get("finals", {})
 
     @property
     def out(self) -> TextIO:
@@ -70,6 +80,11 @@ class TrialTable(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self.fates[trial.trial_id] = trial_fate(trial, self.full_steps)
+        last = trial.last_result or {}
+        if self.objectives and self.fates[trial.trial_id] == "completed" and all(
+                isinstance(last.get(o.metric), (int, float)) for o in self.objectives):
+            self.finals[trial.trial_id] = signed([float(last[o.metric]) for o in self.objectives],
+                                                 signs(self.objectives))
         self._finished(trials, trial)
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
@@ -132,13 +147,19 @@ class TrialTable(Callback):
         return sorted({k for t in trials for k in split_config(t.config)[1]})
 
     def _header(self, keys: list[str]) -> list[str]:
-        return ["trial", "state", "step", self.metric, "best", *(k.split(".")[-1] for k in keys)]
+        front = ["front"] if self.objectives else []
+        return ["trial", "state", "step", self.metric, "best", *front, *(k.split(".")[-1] for k in keys)]
+
+    def _on_front(self, trial_id: str) -> bool:
+        mine = self.finals.get(trial_id)
+        return mine is not None and not any(dominates(v, mine) for v in self.finals.values())
 
     def _row(self, trial: Trial, keys: list[str]) -> list[str]:
         number, values = split_config(trial.config)
         last = trial.last_result or {}
         return [f"t{number:03d}", self._state(trial), short(last.get("step", "")),
                 short(last.get(self.metric, "")), short(self.best.get(trial.trial_id, "")),
+                *(["yes" if self._on_front(trial.trial_id) else ""] if self.objectives else []),
                 *(short(values.get(k, "")) for k in keys)]
 
     def _state(self, trial: Trial) -> str:

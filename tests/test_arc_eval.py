@@ -183,7 +183,7 @@ def test_bad_evaluation_options(dataset):
 
 
 def test_in_run_pass_at_k_equals_urm_ray_eval_on_the_checkpoint(dataset, tmp_path):
-    """The trainer's evaluation (EMA weights, train.eval_arc_views views) reports the pass@k that
+    """The trainer's evaluation (EMA weights, eval.width views with eval.views) reports the pass@k that
     `urm-ray eval --augmentations K` reports on the checkpoint saved at that step."""
     from urm_ray.config import load_config
     from urm_ray.eval import offline
@@ -197,13 +197,13 @@ def test_in_run_pass_at_k_equals_urm_ray_eval_on_the_checkpoint(dataset, tmp_pat
         f"data.path={dataset}", "data.num_augmentations=3", "model.hidden_size=16",
         "model.num_heads=2", "model.num_layers=1", "model.loops=2", "model.max_segments=2",
         "model.puzzle_emb_dim=16", "optim.ema_decay=0.5", "optim.warmup_steps=0",
-        "train.global_batch_size=4", "train.eval_batch_size=5", "train.eval_arc_views=3",
+        "train.global_batch_size=4", "train.eval_batch_size=5", "eval.views=true", "eval.width=3",
         "train.compile=false"])
     meta = store.read_metadata(dataset)
     state = build_state(cfg, task_spec(cfg, meta), torch.device("cpu"))
     model, ema, optimizers = state.model, state.ema, state.optimizers
     evaluation = InRun.for_run(cfg, meta)
-    assert evaluation.arc_views == 3  # the task scores itself: ARC's vote
+    assert evaluation.own_views == 3 and evaluation.scoring is not None  # the task scores itself: ARC's vote
     train = store.read_split(dataset, "train")
     batch = {"inputs": torch.from_numpy(train["inputs"][:4].astype(np.int32)),
              "labels": torch.from_numpy(train["labels"][:4].astype(np.int64)),
@@ -212,21 +212,34 @@ def test_in_run_pass_at_k_equals_urm_ray_eval_on_the_checkpoint(dataset, tmp_pat
         train_step(state, batch)
     weights = [p.detach().clone() for p in model.parameters()]
     with evaluation_model(state) as evaluated:
-        in_run = evaluation.arc_metrics(evaluated, Ranks(0, 1, torch.device("cpu"), lambda s: s, lambda v: [v]))
+        in_run = evaluation.own_metrics(evaluated, Ranks(0, 1, torch.device("cpu"), lambda s: s, lambda v: [v]))
     assert all(torch.equal(w, p) for w, p in zip(weights, model.parameters()))  # put back
     folder = tmp_path / "ckpt"
     folder.mkdir()
     checkpoint.save(folder, model, ema, optimizers, checkpoint.Position(step=2), to_dict(cfg))
-    assert offline.task_of(folder).versioned
+    assert offline.task_of(folder).scoring is not None
     report = offline.evaluate_arc_checkpoint(folder, num_augmentations=3, pass_ks=(1, 2))
     assert in_run["arc/pass_at_2"] == report["metrics"]["arc/pass_at_2"]
     assert in_run == report["metrics"]  # pass@1, pass@2 (k <= max(views, 2)), counts, segments
     assert in_run["arc/augmentations"] == 3 and in_run["arc/predictions"] == 3 * in_run["arc/test_pairs"]
 
 
-def test_arc_views_beyond_the_puzzle_table_are_a_config_error(dataset):
+def test_arc_views_beyond_the_puzzle_table_are_a_config_error(dataset, tmp_path):
+    from urm_ray.config import load_config
+    from urm_ray.train.driver import prepare
+
+    args = [f"data.path={dataset}", "data.num_augmentations=3", f"train.storage_path={tmp_path}"]
+    cfg = load_config("sudoku4-urm", [*args, "eval.views=true", "eval.width=4"])  # a sudoku run may
+    with pytest.raises(ConfigError, match=r"eval.width=4 with eval.views=true must be <= 3 on arc data"):
+        prepare(cfg)
+    assert not any(tmp_path.iterdir())  # refused before the run wrote anything
+
+
+def test_the_moved_views_key_names_its_new_place(dataset):
     from urm_ray.config import load_config
 
-    with pytest.raises(ConfigError, match=r"train.eval_arc_views=4 must be <= 3"):
-        load_config("sudoku4-urm", [f"data.path={dataset}", "data.num_augmentations=3",
-                                    "train.eval_arc_views=4"])
+    with pytest.raises(ConfigError, match=r"train.eval_arc_views=4 has moved: write eval.views=true with "
+                                          r"eval.width=<views>"):
+        load_config("sudoku4-urm", [f"data.path={dataset}", "train.eval_arc_views=4"])
+    # the value that meant "off", as every checkpoint saved before the move holds it, still loads
+    assert not load_config("sudoku4-urm", [f"data.path={dataset}", "train.eval_arc_views=0"]).eval.views

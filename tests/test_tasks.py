@@ -39,7 +39,7 @@ def test_every_task_is_registered_with_a_builder():
     assert set(registry.TASKS) == set(BUILD_ARGS)
     for name, task in registry.TASKS.items():
         assert task.name == name and callable(task.add_builder)
-        assert (task.augment is None) == (task.augmentation == "none" or task.versioned)
+        assert (task.augment is None) == (task.augmentation == "none" or task.versions is not None)
     with pytest.raises(ConfigError, match="unknown task 'chess'"):
         registry.get("chess")
 
@@ -64,7 +64,7 @@ def _originals(folder: Path, rows: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
 def _inverted(task, folder: Path, rows, original) -> tuple[np.ndarray, np.ndarray]:
     """Streamed (inputs, labels) mapped back onto their stored puzzles by the task's inverse."""
-    if task.versioned:
+    if task.versions is not None:
         table = load_tasks(folder)
         ids = original["puzzle_identifiers"]
         return tuple(arc_augment.invert(rows[k], ids, rows["aug_index"], SEED, table)
@@ -85,7 +85,7 @@ def test_task_round_trips_through_the_registry(name, tmp_path, ray_local, capsys
     task = registry.of(meta)
     assert task is registry.get(name) and meta.task == name
 
-    if task.augment is None and not task.versioned:  # K slots of an unaugmented task: said
+    if task.augment is None and task.versions is None:  # K slots of an unaugmented task: said
         with pytest.warns(UserWarning, match="has no augmentation"):
             rows = _streamed(folder)
     else:
@@ -95,10 +95,10 @@ def test_task_round_trips_through_the_registry(name, tmp_path, ray_local, capsys
     moved = rows["aug_index"] > 0
     changed = (rows["inputs"] != original["inputs"]).any(axis=1)
     assert not changed[~moved].any()  # aug index 0 is the stored puzzle
-    assert changed[moved].any() == (task.augment is not None or task.versioned)
+    assert changed[moved].any() == (task.augment is not None or task.versions is not None)
 
     inputs, labels = _inverted(task, folder, rows, original)
-    want = arc_augment.canonical(original["labels"]) if task.versioned else original["labels"]
+    want = arc_augment.canonical(original["labels"]) if task.versions is not None else original["labels"]
     assert np.array_equal(inputs, original["inputs"]) and np.array_equal(labels, want)
 
     answers = torch.from_numpy(rows["labels"].astype(np.int64))
@@ -120,3 +120,35 @@ def test_metadata_naming_an_unknown_task_or_augmentation_is_refused(tmp_path):
         registry.of(replace(meta, task="chess"), f"{tmp_path}/q/metadata.json")
     with pytest.raises(DataError, match="augmentation 'sudoku' is not task 'nqueens'"):
         registry.of(replace(meta, augmentation="sudoku"))
+
+
+def test_only_the_arc_task_knows_it_is_arc():
+    """The package asks a task for its pieces (``PuzzleTask.versions``, ``.scoring``): no module
+    outside the ARC folder (and the registry that lists it) imports ARC code or branches on a
+    ``versioned`` flag."""
+    import ast
+
+    import urm_ray
+
+    package = Path(urm_ray.__file__).parent
+    allowed = {package / "data" / "tasks" / "registry.py"}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if (package / "data" / "tasks" / "arc") in path.parents or path in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                names = []
+            if any(n == "urm_ray.data.tasks.arc" or n.startswith("urm_ray.data.tasks.arc.") for n in names):
+                found.append(f"{path.relative_to(package)}:{node.lineno} imports ARC code")
+            if isinstance(node, (ast.Attribute, ast.Name)) and "versioned" in (getattr(node, "attr", None),
+                                                                               getattr(node, "id", None)):
+                found.append(f"{path.relative_to(package)}:{node.lineno} checks `versioned`")
+    assert not found, found
+    assert registry.get("arc").versions is not None and registry.get("arc").scoring is not None
+    assert all(registry.get(name).versions is None and registry.get(name).scoring is None for name in BUILD_ARGS
+               if name != "arc")

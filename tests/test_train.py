@@ -31,10 +31,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def sudoku4(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "sudoku4"
-    sudoku.build_generated(out, size=4, num_train=600, num_test=100, blanks=8, seed=1)
-    return out
+def sudoku4(sudoku_data) -> Path:
+    """A larger dataset than the shared one: these runs train long enough to learn."""
+    return sudoku_data(num_train=600, num_test=100, blanks=8)
 
 
 def _config(tmp_path: Path, data: Path, *overrides: str):
@@ -192,7 +191,7 @@ def test_arc_tiny_trains_and_logs_pass_at_2(ray_local, tmp_path: Path, capsys):
     assert main(["train", "arc-tiny", f"data.path={tmp_path / 'arc'}", "data.num_augmentations=2",
                  "model.hidden_size=16", "model.num_heads=2", "model.num_layers=1",
                  "model.max_segments=2", "model.puzzle_emb_dim=16", "train.steps=4",
-                 "train.global_batch_size=4", "train.log_every=2", "train.eval_arc_views=2",
+                 "train.global_batch_size=4", "train.log_every=2", "eval.views=true", "eval.width=2",
                  "train.eval_batch_size=8", f"train.storage_path={tmp_path / 'runs'}",
                  f"tracking.tracking_uri={uri}", "tracking.experiment=test"]) == 0
     summary = json.loads(capsys.readouterr().out)

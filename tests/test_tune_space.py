@@ -45,7 +45,7 @@ def test_every_shipped_space_validates(path: Path, load_shipped):
     space = load_shipped(str(path))
     assert space.params and space.spec.trials >= 1
     if path.stem.startswith("urm-arc"):  # ARC sweeps rank by pass@2 over voted views
-        assert space.metric == "arc/pass_at_2" and space.base_config.train.eval_arc_views > 0
+        assert space.metric == "arc/pass_at_2" and space.base_config.eval.views and space.base_config.eval.width > 1
     # paper-centred spaces start from the paper's point, which must lie inside the space
     for point in space.spec.start_from:
         space.trial_config(point)
@@ -112,7 +112,7 @@ def test_bad_spaces_name_the_parameter(tmp_path: Path, params, match):
 def test_bad_objective_scheduler_and_start_point(tmp_path: Path):
     with pytest.raises(ConfigError, match="accuracy"):
         load_space(str(_space(tmp_path, objectives=[{"metric": "accuracy", "mode": "max"}])))
-    with pytest.raises(ConfigError, match=r"arc/pass_at_2 is reported only with train.eval_arc_views > 0"):
+    with pytest.raises(ConfigError, match=r"arc/pass_at_2 is reported only with eval.views=true \(the arc task"):
         load_space(str(_space(tmp_path, objectives=[{"metric": "arc/pass_at_2", "mode": "max"}])))
     with pytest.raises(ConfigError, match="multiple of train.eval_every"):
         load_space(str(_space(tmp_path)), ["scheduler.grace_steps=30"])

@@ -62,9 +62,6 @@ class TrainConfig:
     # K sampled trajectories per held-out row, majority-voted, with coverage (distinct valid
     # answers) by the task's verifier: for stochastic models (GRAM). 0 = off
     eval_samples: int = 0
-    # ARC data: also arc/pass_at_k (k = 1, 2, 10, ... up to this) by voting over this many
-    # augmented views of each held-out test input, as `urm-ray eval` does. 0 = off
-    eval_arc_views: int = 0
     # at each evaluation, also the test-time one under the eval section (width, noise, depth):
     # held-out exact accuracy against depth (segments 1..K) and width (1, 2, 4, ... eval.width),
     # logged as eval/curves/*, with a plot against block-stack passes per puzzle (artifact curves/)
@@ -95,7 +92,7 @@ class TrainConfig:
         for key in ("steps", "global_batch_size", "num_workers", "log_every", "eval_batch_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must be >= 1")
-        for key in ("eval_every", "eval_max_rows", "eval_samples", "eval_arc_views", "checkpoint_every"):
+        for key in ("eval_every", "eval_max_rows", "eval_samples", "checkpoint_every"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must be >= 0")
         if self.global_batch_size % self.num_workers:
@@ -176,11 +173,6 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         self.eval.check_model(self.model)
-        slots = self.data.num_augmentations if self.data.augment else 1
-        if self.train.eval_arc_views > slots:
-            raise ConfigError(
-                f"train.eval_arc_views={self.train.eval_arc_views} must be <= {slots}: the puzzle "
-                "table has data.num_augmentations augmentation slots per task (1 without data.augment)")
         # keys of one section that another section makes useless (each section warns about its own)
         if self.model.puzzle_emb_dim == 0:
             for key in ("puzzle_emb_lr", "puzzle_emb_weight_decay"):
@@ -192,6 +184,26 @@ class RunConfig:
 
 SECTIONS = {"data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "tracking": TrackingConfig,
             "eval": EvalConfig}
+# keys that moved: (section, key) -> (the value that meant "off", what to write instead). A saved
+# config (a checkpoint's) holding the key at that value loads; any other value is refused
+MOVED = {
+    ("train", "eval_arc_views"): (0, "eval.views=true with eval.width=<views> (ARC's pass@k voted over "
+                                     "eval.width views at each evaluation)"),
+}
+
+
+def _without_moved(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without the moved keys left at their "off" value; ConfigError naming the new key
+    for any other value."""
+    out = dict(data)
+    for (section, key), (off, instead) in MOVED.items():
+        values = out.get(section)
+        if not isinstance(values, dict) or key not in values:
+            continue
+        if values[key] != off:
+            raise ConfigError(f"{section}.{key}={values[key]!r} has moved: write {instead}")
+        out[section] = {k: v for k, v in values.items() if k != key}
+    return out
 
 
 def preset_names() -> list[str]:
@@ -261,6 +273,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def build_config(data: dict[str, Any]) -> RunConfig:
     """Typed, validated RunConfig from a nested dict."""
+    data = _without_moved(data)
     unknown = sorted(set(data) - {"model", *SECTIONS})
     if unknown:
         hint = did_you_mean(str(unknown[0]), ["model", *SECTIONS])

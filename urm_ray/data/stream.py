@@ -6,9 +6,9 @@
            each puzzle becomes `num_augmentations` rows (aug index 0 = original), augmented with the
            task's augmentation (`tasks.registry`), deterministic per (puzzle_index, aug_index,
            shuffle_seed), and put in a seeded order inside the block
-    versioned tasks (ARC) instead: range(blocks) -> map_batches(a block of aug indices applied to
-           every stored pair, see `tasks.arc.augment`): one version per (task, aug index), one
-           puzzle identifier per version, grids translated on the canvas
+    tasks with versions (ARC) instead: range(blocks) -> map_batches(a block of aug indices applied
+           to every stored pair by the task's `Versions.augment`): one version per (task, aug
+           index), one puzzle identifier per version
       -> iter_torch_batches(local shuffle seeded by (seed, epoch))
 
 Batches are dicts of tensors: inputs int32 [B, L], labels int64 [B, L], puzzle_identifiers int32
@@ -22,9 +22,7 @@ in any case.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -44,11 +42,11 @@ from urm_ray.data.store import (
     arrow_to_numpy,
     read_metadata,
     read_split,
+    split_files,
     split_paths,
 )
-from urm_ray.data.tasks import arc, registry
-from urm_ray.data.tasks.arc import augment as arc_augment
-from urm_ray.data.tasks.task import PuzzleTask
+from urm_ray.data.tasks import registry
+from urm_ray.data.tasks.task import PuzzleTask, Versions
 from urm_ray.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -58,15 +56,17 @@ logger = logging.getLogger("urm_ray.data")
 
 # Puzzles per map_batches call; each call's rows are put in a seeded random order.
 MAP_BATCH_PUZZLES = 4096
-# Ray merges a task's outputs into blocks up to this size before passing them on; its 128 MiB
-# default made the first training batch wait for ~700k augmented Sudoku rows.
+# Ray merges a task's outputs into blocks up to this size before passing them on; with Ray's much
+# larger default the first training batch waits for a whole block of augmented rows
+# (docs/experiments/data-choices.md).
 BLOCK_BYTES = 8 * 2**20
-# Splits up to this size on local disk are read by the driver with pyarrow and handed to Ray as
-# Arrow tables (10 ms for 3,000 Sudoku rows, where read_parquet + materialize took 1.3-3.8 s);
-# larger ones, and remote storage, are read by Ray's parallel read tasks.
+# Splits up to this size, local or on S3, are read by the process that builds the datasets (the
+# driver, or a sweep's trial actor) with pyarrow and handed to Ray as Arrow tables, far cheaper for
+# a small split than starting Ray's read tasks (docs/experiments/data-choices.md); larger ones are
+# read by Ray's parallel read tasks.
 DRIVER_READ_BYTES = 256 * 2**20
-# ARC: augmented rows per map task (a block of aug indices times every stored pair)
-ARC_ROWS_PER_BLOCK = 16384
+# tasks with versions: augmented rows per map task (a block of aug indices times every stored pair)
+VERSION_ROWS_PER_BLOCK = 16384
 
 
 def load_meta(cfg: DataConfig) -> DatasetMeta:
@@ -97,13 +97,9 @@ def augmentation_slots(cfg: DataConfig) -> int:
 
 
 def puzzle_table_size(meta: DatasetMeta, cfg: DataConfig) -> int:
-    """Rows of the model's puzzle-embedding table for this dataset and data config.
-
-    Versioned tasks (ARC): 1 + tasks * slots (blank row 0, then one row per task version, as the
-    official builder numbers them); other tasks: the metadata's count."""
-    if registry.of(meta).versioned:
-        return 1 + (meta.num_puzzle_identifiers - 1) * augmentation_slots(cfg)
-    return meta.num_puzzle_identifiers
+    """Rows of the model's puzzle-embedding table for this dataset and data config: the metadata's
+    count, or a row per task version for a task with versions (``PuzzleTask.embedding_rows``)."""
+    return registry.of(meta).embedding_rows(meta.num_puzzle_identifiers, augmentation_slots(cfg))
 
 
 def ingest_options() -> ray.data.ExecutionOptions:
@@ -116,12 +112,12 @@ def _read_split(cfg: DataConfig, meta: DatasetMeta, split: str) -> ray.data.Data
 
     Materialized because every pass (epoch) re-executes the whole pipeline, and listing and
     reading the files cost seconds per pass, longer than a pass over a small dataset takes."""
-    files = split_paths(cfg.path, meta, split)
-    small = all("://" not in f for f in files) and sum(os.path.getsize(f) for f in files) <= DRIVER_READ_BYTES
+    fs, files = split_files(cfg.path, meta, split)
+    small = sum(info.size for info in fs.get_file_info(files)) <= DRIVER_READ_BYTES
     if small:
-        ds = ray.data.from_arrow([pq.read_table(f) for f in files])
+        ds = ray.data.from_arrow([pq.read_table(f, filesystem=fs) for f in files])
     else:
-        ds = ray.data.read_parquet(files, file_extensions=None)
+        ds = ray.data.read_parquet(split_paths(cfg.path, meta, split), file_extensions=None)
     ds.context.execution_options.preserve_order = True
     ds.context.target_max_block_size = BLOCK_BYTES
     ds.context.enable_progress_bars = False  # one bar per epoch and split floods training logs
@@ -157,9 +153,9 @@ def _aug_blocks(num_augmentations: int, per_block: int, seed: int) -> list[np.nd
     return [order[i : i + per_block] for i in range(0, num_augmentations, per_block)]
 
 
-def _augment_arc_block(
+def _augment_version_block(
     batch: dict[str, np.ndarray], stored: dict[str, np.ndarray], num_augmentations: int,
-    per_block: int, seed: int, tasks: arc.TaskTable, translate: bool,
+    per_block: int, seed: int, versions: Versions, prepared: Any, translate: bool,
 ) -> dict[str, np.ndarray]:
     """One block of aug indices applied to every stored row, in a seeded order."""
     block = int(batch["id"][0])
@@ -168,52 +164,39 @@ def _augment_arc_block(
     order = np.random.default_rng([seed, block]).permutation(n * len(augs))  # [N*A]
     rows, aug_index = order // len(augs), augs[order % len(augs)].astype(np.int32)
     puzzle_index = stored["puzzle_index"][rows]
-    inputs, labels, identifiers = arc_augment.augment(
+    inputs, labels, identifiers = versions.augment(
         stored["inputs"][rows], stored["labels"][rows], stored["puzzle_identifiers"][rows],
-        puzzle_index, aug_index, seed, tasks, num_augmentations, translate)
+        puzzle_index, aug_index, seed, prepared, num_augmentations, translate)
     return {"inputs": inputs, "labels": labels, "puzzle_identifiers": identifiers,
             "puzzle_index": puzzle_index, "aug_index": aug_index}
 
 
-def _log_few_versions(table: arc.TaskTable, num_augmentations: int) -> None:
-    """Logs the tasks whose K aug indices must repeat versions. Logged here, not stored with the
-    dataset: the count depends on K, which the run chooses (data.num_augmentations)."""
-    few = arc_augment.few_versions(table, num_augmentations)
-    if few:
-        by_count = sorted(few.items(), key=lambda item: item[1])
-        fewest = ", ".join(f"{name} ({n})" for name, n in by_count[:5])
-        logger.info("arc: %d of %d tasks have fewer distinct augmented versions than"
-                    " data.num_augmentations=%d and repeat them in order; fewest: %s",
-                    len(few), len(table.records), num_augmentations, fewest)
-
-
-def _arc_train_dataset(cfg: DataConfig) -> ray.data.Dataset:
-    """ARC training rows, aug-index-major: the stored pairs are few (thousands) and K large (1000
-    in the papers), so each map task applies a block of aug indices to every stored pair; the
-    stream then mixes all tasks from the first batch on."""
+def _versions_train_dataset(cfg: DataConfig, versions: Versions) -> ray.data.Dataset:
+    """Training rows of a task with versions, aug-index-major: the stored pairs are few (ARC:
+    thousands) and K large (1000 in the papers), so each map task applies a block of aug indices
+    to every stored pair; the stream then mixes all tasks from the first batch on."""
     stored = read_split(cfg.path, "train")
-    table = arc.load_tasks(cfg.path)
-    _log_few_versions(table, cfg.num_augmentations)
-    tasks = dataclasses.replace(table, records=[])  # arrays only
-    per_block = max(1, ARC_ROWS_PER_BLOCK // max(len(stored["inputs"]), 1))
+    prepared = versions.prepare(cfg.path, cfg.num_augmentations)
+    per_block = max(1, VERSION_ROWS_PER_BLOCK // max(len(stored["inputs"]), 1))
     num_blocks = len(_aug_blocks(cfg.num_augmentations, per_block, cfg.shuffle_seed))
     ds = ray.data.range(num_blocks, override_num_blocks=num_blocks)
     ds.context.execution_options.preserve_order = True
     ds.context.target_max_block_size = BLOCK_BYTES
     ds.context.enable_progress_bars = False
     kwargs = {"stored": stored, "num_augmentations": cfg.num_augmentations,
-              "per_block": per_block, "seed": cfg.shuffle_seed, "tasks": tasks,
-              "translate": cfg.translate is not False}  # auto translates ARC grids
-    return ds.map_batches(_augment_arc_block, batch_size=1, fn_kwargs=kwargs)
+              "per_block": per_block, "seed": cfg.shuffle_seed, "versions": versions,
+              "prepared": prepared, "translate": cfg.translate is not False}  # auto translates
+    return ds.map_batches(_augment_version_block, batch_size=1, fn_kwargs=kwargs)
 
 
-def _originals(table: pa.Table, num_augmentations: int = 0) -> dict[str, np.ndarray]:
-    """Stored rows as aug index 0; with `num_augmentations` (ARC) their identifiers are those of
-    aug index 0 in a table of that many slots per task."""
+def _originals(table: pa.Table, versions: Versions | None = None, num_augmentations: int = 0
+               ) -> dict[str, np.ndarray]:
+    """Stored rows as aug index 0; with `versions` their identifiers are those of version 0 in a
+    table of `num_augmentations` slots per task."""
     cols = arrow_to_numpy(table)
     cols["aug_index"] = np.zeros(len(table), np.int32)
-    if num_augmentations:
-        cols["puzzle_identifiers"] = arc_augment.identifiers_for(
+    if versions is not None:
+        cols["puzzle_identifiers"] = versions.identifiers(
             cols["puzzle_identifiers"], cols["aug_index"], num_augmentations)
     return cols
 
@@ -234,7 +217,7 @@ def warn_if_not_intended(cfg: DataConfig, meta: DatasetMeta) -> None:
 def warn_unused(cfg: DataConfig, meta: DatasetMeta) -> None:
     """Data keys that this dataset gives no effect; the driver calls it where it reads the
     metadata, once per run."""
-    if cfg.translate is True and not registry.of(meta).versioned:
+    if cfg.translate is True and not registry.of(meta).translates:
         warnings.warn(f"data.translate=true has no effect on {meta.task} data: only ARC grids are "
                       "translated on the canvas", stacklevel=2)
 
@@ -255,12 +238,13 @@ def _row_augmentation(cfg: DataConfig, meta: DatasetMeta, task: PuzzleTask) -> T
     return task.augment
 
 
-def train_dataset(cfg: DataConfig) -> ray.data.Dataset:
-    """The training split; one pass yields every (puzzle, aug index) pair once."""
-    meta = load_meta(cfg)
+def train_dataset(cfg: DataConfig, meta: DatasetMeta | None = None) -> ray.data.Dataset:
+    """The training split; one pass yields every (puzzle, aug index) pair once. ``meta``: the
+    metadata the driver read (None: read it from ``cfg.path`` here)."""
+    meta = meta or load_meta(cfg)
     task = registry.of(meta)
-    if cfg.augment and task.versioned:
-        return _arc_train_dataset(cfg)
+    if cfg.augment and task.versions is not None:
+        return _versions_train_dataset(cfg, task.versions)
     kwargs = {
         "augment": _row_augmentation(cfg, meta, task),
         "num_augmentations": augmentation_slots(cfg),
@@ -272,13 +256,12 @@ def train_dataset(cfg: DataConfig) -> ray.data.Dataset:
     )
 
 
-def eval_dataset(cfg: DataConfig) -> ray.data.Dataset:
-    """The original puzzles of `cfg.eval_split`, in stored order."""
-    meta = load_meta(cfg)
-    slots = augmentation_slots(cfg) if registry.of(meta).versioned else 0
+def eval_dataset(cfg: DataConfig, meta: DatasetMeta | None = None) -> ray.data.Dataset:
+    """The original puzzles of `cfg.eval_split`, in stored order (``meta`` as for ``train_dataset``)."""
+    meta = meta or load_meta(cfg)
     return _read_split(cfg, meta, cfg.eval_split).map_batches(
         _originals, batch_format="pyarrow", batch_size=MAP_BATCH_PUZZLES,
-        fn_kwargs={"num_augmentations": slots},
+        fn_kwargs={"versions": registry.of(meta).versions, "num_augmentations": augmentation_slots(cfg)},
     )
 
 

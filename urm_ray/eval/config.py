@@ -1,7 +1,9 @@
 """The ``eval`` section of a run config: what a trained model spends at test time.
 
 `urm-ray eval` takes it as flags (``--width`` is ``eval.width``), an evaluation sweep searches it,
-and ``train.eval_curves`` evaluates under it at each evaluation (``eval.testtime``).
+and ``train.eval_curves`` evaluates under it at each evaluation (``eval.testtime``). On a task that
+scores itself by voting over views (ARC's pass@k), ``eval.views`` adds that score at each
+evaluation, over ``eval.width`` views.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any, Literal
 
 from urm_ray.data.tasks.task import PuzzleTask
 from urm_ray.errors import ConfigError
+from urm_ray.models.registry import family
 
 Select = Literal["vote", "q", "confidence", "verifier"]
 SELECTIONS: tuple[Select, ...] = ("vote", "q", "confidence", "verifier")
@@ -26,7 +29,8 @@ class EvalConfig:
     noise: float = 0.0
     # trajectory i sees the task's augmentation i of the puzzle (0: the puzzle itself: digits
     # relabelled, rows and columns shuffled, the board turned) and its answers are mapped back
-    # before the selection: trajectories that differ through the task's symmetries
+    # before the selection: trajectories that differ through the task's symmetries. ARC: each
+    # evaluation also reports arc/pass_at_k, voted over eval.width versions of each test input
     views: bool = False
     # a puzzle's answer among its trajectories: majority vote, the highest Q-halt score, the answer
     # the model finds most likely (mean log-probability of its tokens), or the first the task's
@@ -49,21 +53,38 @@ class EvalConfig:
                 raise ConfigError(f"eval.{key}={getattr(self, key)} must be >= 1 (0 = as trained)")
 
     def check_task(self, task: PuzzleTask) -> None:
-        """ConfigError where the dataset's task cannot take these settings: views of a task with no
-        augmentation."""
+        """ConfigError where the dataset's task cannot take these settings in a test-time evaluation:
+        views of a task with no augmentation, or of one that votes over its views in its own score."""
+        if self.views and task.scoring is not None:
+            raise ConfigError(f"eval.views=true: the {task.name} task votes over its views in its own score "
+                              f"({task.scoring.prefix}*), not in the test-time evaluation (train.eval_curves, "
+                              "test-time settings); set eval.views=false there")
         if self.views and task.augment is None:
             raise ConfigError(f"eval.views=true: the {task.name} task has no augmentation to draw views from "
                               "(sudoku, maze and coloring have one); spread the trajectories with eval.noise "
                               "(GRAM: its prior)")
 
+    def own_views(self, task: PuzzleTask, slots: int) -> int:
+        """Views of each held-out input the task's own score votes over at each evaluation: 0
+        without eval.views or on a task scored on one view; ConfigError beyond the ``slots``
+        versions per task that the puzzle table holds."""
+        if not self.views or task.scoring is None:
+            return 0
+        if self.width > slots:
+            raise ConfigError(
+                f"eval.width={self.width} with eval.views=true must be <= {slots} on {task.name} data: the "
+                "puzzle table has data.num_augmentations augmentation slots per task (1 without data.augment)")
+        return self.width
+
     def check_model(self, model: Any) -> None:
         """ConfigError where the model config cannot take these settings: noise on GRAM (it samples
         from its prior), loops on a family without loops, no more loops than its truncation."""
-        if self.noise and hasattr(model, "noise_scale"):
+        spec = family(model.name)
+        if self.noise and not spec.state_noise:
             raise ConfigError(f"eval.noise={self.noise}: {model.name} draws its trajectories from its prior "
                               "(model.sample_temperature); leave it at 0")
-        if self.loops and not hasattr(model, "loops"):
+        if self.loops and not spec.has_loops:
             raise ConfigError(f"eval.loops={self.loops}: {model.name} has no loops (URM-like families do); "
                               "eval.segments sets its depth")
-        if self.loops and self.loops <= getattr(model, "truncation", 0):
+        if self.loops and self.loops <= model.truncation:
             raise ConfigError(f"eval.loops={self.loops} must exceed model.truncation={model.truncation}")

@@ -5,8 +5,8 @@
 
 - the plain held-out metrics (``heldout``), judged by the task's verifier;
 - with ``train.eval_samples``: GRAM's sampled trajectories, voted, with coverage;
-- the task's own scoring where it has one: ARC's pass@k by voting over ``train.eval_arc_views``
-  augmented views of each test input (``tasks.arc.evaluate``);
+- with ``eval.views``, the task's own score where it has one (``PuzzleTask.scoring``): ARC's
+  pass@k by voting over ``eval.width`` augmented views of each test input;
 - with ``train.eval_curves``: the test-time evaluation under the ``eval`` section (``testtime``),
   accuracy against depth and width, and its plot.
 
@@ -28,8 +28,9 @@ from torch import nn
 from urm_ray.config import RunConfig
 from urm_ray.data.augment import TransformFn
 from urm_ray.data.store import DatasetMeta
+from urm_ray.data import stream
 from urm_ray.data.tasks import registry
-from urm_ray.data.tasks.arc.evaluate import PASS_KS, evaluate_arc
+from urm_ray.data.tasks.task import Scoring
 from urm_ray.data.tasks.verify import optional_verifier
 from urm_ray.eval import testtime
 from urm_ray.eval.heldout import Verifier, held_out_metrics
@@ -54,14 +55,16 @@ class InRun:
 
     cfg: RunConfig
     verifier: Optional[Verifier]
-    arc_views: int  # ARC: augmented views voted per test input (0: the task has no own scoring)
+    scoring: Optional[Scoring]  # the task's own score (None: the task has none, or eval.views is off)
+    own_views: int  # augmented views that score votes over per test input
     augment: Optional[TransformFn]  # the task's augmentation: the curves' views (eval.views)
 
     @classmethod
     def for_run(cls, cfg: RunConfig, meta: DatasetMeta) -> InRun:
         task = registry.of(meta)
-        views = cfg.train.eval_arc_views if task.versioned else 0
-        return cls(cfg, optional_verifier(meta.task, meta.seq_len), views, task.augment)
+        views = cfg.eval.own_views(task, stream.augmentation_slots(cfg.data))
+        return cls(cfg, optional_verifier(meta.task, meta.seq_len), task.scoring if views else None, views,
+                   task.augment)
 
     def run(self, model: nn.Module, batches: Batches, ranks: Ranks, step: int,
             log_plot: Callable[[Path], None]) -> dict[str, float]:
@@ -70,8 +73,8 @@ class InRun:
         train = self.cfg.train
         metrics = held_out_metrics(model, lambda: batches(train.eval_batch_size), train.eval_samples,
                                    self.verifier, reduce=ranks.reduce)
-        if self.arc_views:
-            metrics.update(self.arc_metrics(model, ranks))
+        if self.scoring is not None:
+            metrics.update(self.own_metrics(model, ranks))
         if train.eval_curves:
             curves, report = self.curves(model, batches, ranks)
             metrics.update(curves)
@@ -80,16 +83,16 @@ class InRun:
                     log_plot(Path(testtime.plot_curves(report, f"{folder}/step-{step:07d}.png", f"step {step}")))
         return metrics
 
-    def arc_metrics(self, model: nn.Module, ranks: Ranks) -> dict[str, float]:
-        """``urm-ray eval``'s ARC vote over ``arc_views`` views of each held-out test input, with
-        pass@k for k up to the views (pass@1 and pass@2 always); each rank votes on a share of the
-        test pairs."""
-        views, train = self.arc_views, self.cfg.train
-        report = evaluate_arc(
-            model, self.cfg.data, self.cfg.data.eval_split, num_augmentations=views,
-            batch_size=train.eval_batch_size, pass_ks=tuple(k for k in PASS_KS if k <= max(views, 2)),
-            max_pairs=train.eval_max_rows, device=ranks.device, ranks=(ranks.rank, ranks.world),
-            gather=ranks.gather)
+    def own_metrics(self, model: nn.Module, ranks: Ranks) -> dict[str, float]:
+        """``urm-ray eval``'s vote of the task's own score over ``own_views`` views of each held-out
+        test input, with pass@k for k up to the views (pass@1 and pass@2 always); each rank votes
+        on a share of the test pairs."""
+        assert self.scoring is not None
+        views, train = self.own_views, self.cfg.train
+        report = self.scoring.score(
+            model, self.cfg.data, self.cfg.data.eval_split, views=views, batch_size=train.eval_batch_size,
+            pass_ks=tuple(k for k in self.scoring.pass_ks if k <= max(views, 2)), max_rows=train.eval_max_rows,
+            device=ranks.device, ranks=(ranks.rank, ranks.world), gather=ranks.gather)
         return report["metrics"]
 
     def curves(self, model: nn.Module, batches: Batches, ranks: Ranks) -> tuple[dict[str, float], dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Evaluate a saved checkpoint outside Ray Train (``urm-ray eval``), with its EMA weights.
 
-Versioned tasks (ARC) get augmentation voting and pass@k (``tasks.arc.evaluate``); the results go to MLflow as a run
+A task with its own score (ARC: augmentation voting and pass@k, ``PuzzleTask.scoring``) gets that; the results go to MLflow as a run
 named ``<run_name>/eval-<split>``, nested under the training run when that run is found."""
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from urm_ray.config import RunConfig, build_config
 from urm_ray.data import stream
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import registry
-from urm_ray.data.tasks.arc.evaluate import PASS_KS, evaluate_arc
 from urm_ray.data.tasks.task import PuzzleTask
 from urm_ray.data.tasks.verify import optional_verifier
 from urm_ray.errors import ConfigError
 from urm_ray.eval import testtime
 from urm_ray.eval.config import EvalConfig
 from urm_ray.eval.heldout import held_out_metrics
-from urm_ray.models.registry import build_model
+from urm_ray.models.registry import build_model, family, family_of
 from urm_ray.models.task import TaskSpec
 from urm_ray.optim import EMA
 from urm_ray.progress import Progress
@@ -51,7 +50,7 @@ def check_temperature(cfg: RunConfig, temperature: Optional[float]) -> None:
         return
     if temperature < 0:
         raise ConfigError(f"--temperature {temperature}: expected a value >= 0")
-    if not hasattr(cfg.model, "sample_temperature"):
+    if not family(cfg.model.name).samples:
         raise ConfigError(f"--temperature: {cfg.model.name} draws no samples (a GRAM model does)")
 
 
@@ -112,7 +111,8 @@ def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0, 
     metrics = held_out_metrics(model, batches, cfg.train.eval_samples,
                                optional_verifier(meta.task, meta.seq_len))
     progress.finish()
-    drawn = {"temperature": model.sample_temperature} if hasattr(model, "sample_temperature") else {}
+    temperature = family_of(model).sample_temperature(model)
+    drawn = {"temperature": temperature} if temperature is not None else {}
     return {"split": data_cfg.eval_split, **drawn, **metrics}
 
 
@@ -174,15 +174,18 @@ def task_of(folder: str | Path) -> PuzzleTask:
 
 
 def evaluate_arc_checkpoint(folder: str | Path, split: str = "", num_augmentations: int = 0,
-                            halt_early: bool = False, pass_ks: Sequence[int] = PASS_KS,
+                            halt_early: bool = False, pass_ks: Sequence[int] = (),
                             max_pairs: int = 0, batch_size: int = 0,
                             live: bool = False) -> dict[str, Any]:
-    """ARC pass@k by augmentation voting; {"split", "metrics", "tasks"} (see ``evaluate_arc``)."""
+    """The task's own score (ARC: pass@k by augmentation voting, ``pass_ks`` () = the task's);
+    {"split", "metrics", "tasks"} (see ``PuzzleTask.scoring``)."""
     cfg, model, step = _load(folder)
+    scoring = registry.of(stream.load_meta(cfg.data)).scoring
+    assert scoring is not None, "a task scored on one view: evaluate_checkpoint"
     split = split or cfg.data.eval_split
-    report = evaluate_arc(model, cfg.data, split, num_augmentations=num_augmentations,
-                          batch_size=batch_size or cfg.train.eval_batch_size,
-                          halt_early=halt_early, pass_ks=pass_ks, max_pairs=max_pairs, live=live)
+    report = scoring.score(model, cfg.data, split, views=num_augmentations,
+                           batch_size=batch_size or cfg.train.eval_batch_size, halt_early=halt_early,
+                           pass_ks=tuple(pass_ks) or scoring.pass_ks, max_rows=max_pairs, live=live)
     return {"split": split, "step": step, **report}
 
 

@@ -196,9 +196,11 @@ def prepare(cfg: RunConfig) -> tuple[RunConfig, DatasetMeta]:
     cfg = resolve(cfg)
     meta = stream.load_meta(cfg.data)
     stream.warn_unused(cfg.data, meta)
-    if cfg.train.eval_arc_views and not registry.of(meta).versioned:
-        warnings.warn(f"train.eval_arc_views={cfg.train.eval_arc_views} has no effect on {meta.task} "
-                      "data: pass@k by voting over augmented views is for ARC", stacklevel=3)
+    task = registry.of(meta)
+    cfg.eval.own_views(task, stream.augmentation_slots(cfg.data))  # views beyond the puzzle table
+    if cfg.eval.views and task.scoring is None and not cfg.train.eval_curves:
+        warnings.warn(f"eval.views=true has no effect on {meta.task} data without train.eval_curves: the "
+                      "task has no score of its own voted over views", stacklevel=3)
     if cfg.train.eval_curves:
         cfg.eval.check_task(registry.of(meta))
     logger.info("data: %s", ", ".join(f"{name} {split.num_rows} rows"

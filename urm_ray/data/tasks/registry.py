@@ -5,19 +5,27 @@ once and then use its `PuzzleTask` entry; nothing else branches on a task's name
 one module under ``data/tasks/`` ending with ``TASK = PuzzleTask(...)``, plus one line below.
 
     task = registry.of(meta)          # the dataset's task, its augmentation checked
-    task.augment, task.verifier, task.versioned
+    task.augment, task.verifier, task.versions, task.scoring
 """
 
 from __future__ import annotations
 
 from urm_ray.data.store import DatasetMeta
-from urm_ray.data.tasks import arc, coloring, maze, nqueens, sudoku
+from urm_ray.data.tasks import coloring, maze, nqueens, sudoku
+from urm_ray.data.tasks.arc import task as arc
 from urm_ray.data.tasks.task import PuzzleTask
 from urm_ray.errors import ConfigError, DataError
 
 TASKS: dict[str, PuzzleTask] = {
     module.TASK.name: module.TASK for module in (sudoku, maze, nqueens, coloring, arc)
 }
+# held-out metrics start with one of these: eval/ on every task, then each task's own score's
+HELD_OUT_PREFIXES: tuple[str, ...] = ("eval/", *(t.scoring.prefix for t in TASKS.values() if t.scoring))
+
+
+def scored_by(metric: str) -> PuzzleTask | None:
+    """The task whose own held-out score reports ``metric`` (None: no task's own score does)."""
+    return next((t for t in TASKS.values() if t.scoring and metric.startswith(t.scoring.prefix)), None)
 
 
 def get(name: str) -> PuzzleTask:

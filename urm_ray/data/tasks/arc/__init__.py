@@ -10,7 +10,8 @@ colour c -> token c + 2 (vocab 12). Labels hold the ignore label where the canva
 loss covers colours and EOS (the official ignore_label_id is PAD).
 
 The task's parts: this module (tokens, reading, the builder and `urm-ray data arc`, the task
-table), `augment` (a whole task's versions and their inverse) and `evaluate` (voting, pass@k).
+table), `augment` (a whole task's versions and their inverse), `evaluate` (voting, pass@k) and
+`task` (the registry entry that hands these to the stream and the evaluators).
 
 Rows are (input, output) pairs. Every pair goes to split "train" except the test pairs of the
 test-set tasks, which go to "test"; the demonstrations of test-set tasks stay in training, as in
@@ -37,12 +38,12 @@ from typing import Any, NoReturn
 import numpy as np
 
 from urm_ray.data.store import DatasetMeta, check_output_folder, write_dataset
-from urm_ray.data.tasks.task import PuzzleTask
 from urm_ray.errors import ConfigError, DataError
 from urm_ray.progress import Progress
 
 logger = logging.getLogger("urm_ray.data")
 
+NAME = AUGMENTATION = "arc"  # metadata.json's task and augmentation
 SIDE = 30  # canvas side; grids are at most 30x30
 SEQ_LEN = SIDE * SIDE
 PAD, EOS, COLOUR_OFFSET = 0, 1, 2
@@ -404,8 +405,8 @@ def build(
         "tasks_file": TASKS_FILE,
         "duplicates_dropped": dropped,
     }
-    meta = DatasetMeta(task=TASK.name, vocab_size=VOCAB_SIZE, seq_len=SEQ_LEN,
-                       num_puzzle_identifiers=len(tasks) + 1, augmentation=TASK.augmentation,
+    meta = DatasetMeta(task=NAME, vocab_size=VOCAB_SIZE, seq_len=SEQ_LEN,
+                       num_puzzle_identifiers=len(tasks) + 1, augmentation=AUGMENTATION,
                        ignore_label=IGNORE_LABEL, build=build_info)
     tasks_json = "[\n" + ",\n".join(json.dumps(t) for t in got.tasks) + "\n]\n"
     return write_dataset(out_dir, splits, meta, overwrite=overwrite,
@@ -450,7 +451,7 @@ def load_tasks(path: str | os.PathLike) -> TaskTable:
     return TaskTable(records, fixing, possible)
 
 
-# --- builder command: the task's registry entry ---------------------------------------------------
+# --- builder command ------------------------------------------------------------------------------
 
 
 def _build_command(args: argparse.Namespace) -> None:
@@ -477,6 +478,3 @@ def add_builder(data: argparse._SubParsersAction) -> None:
     a.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     a.set_defaults(func=_build_command)
 
-
-# one right answer per input (no label-free verifier); augmented per task version, voted pass@k
-TASK = PuzzleTask("arc", add_builder=add_builder, augmentation="arc", versioned=True)

@@ -36,7 +36,7 @@ from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks.verify import Search, Verifier, nearest_for, verifier_for
 from urm_ray.errors import ConfigError
 from urm_ray.losses import act_loss, guided_loss, matched_answers
-from urm_ray.models.gram import GuidanceConfig
+from urm_ray.models.registry import family
 
 LossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 
@@ -105,7 +105,7 @@ def objective_for(cfg: RunConfig, meta: DatasetMeta | None = None) -> Objective:
     if cfg.train.label_targets == "nearest":
         m = task("train.label_targets=nearest")
         labels = nearest_for(m.task, m.seq_len, m.vocab_size)
-    if not isinstance(cfg.model, GuidanceConfig):
+    if family(cfg.model.name).objective == "act":
         return Objective(cfg.train.loss, labels)
     if cfg.model.halt_target == "verifier":
         m = task("model.halt_target=verifier")

@@ -465,9 +465,8 @@ class OptimConfig:
 
 def _puzzle_embedding(model: nn.Module) -> Optional[nn.Module]:
     """The model's `puzzle_emb` module when it has a non-empty table, else None."""
-    module = getattr(unwrap_model(model), "puzzle_emb", None)
-    weights = getattr(module, "weights", None)
-    if weights is None or weights.ndim != 2 or weights.shape[-1] == 0:
+    module = unwrap_model(model).puzzle_emb  # every family has one: None where puzzle_emb_dim = 0
+    if module is None or module.weights.ndim != 2 or module.weights.shape[-1] == 0:
         return None
     return module
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from urm_ray.eval.voting import coverage, majority_vote
+from urm_ray.models.registry import family_of
 
 IGNORE = -100
 SUM_KEYS = ("rows", "exact", "tokens_correct", "tokens", "segments", "q_segments", "q_exact", "valid")
@@ -164,7 +165,7 @@ def sample_answers(model: nn.Module, batch: dict[str, torch.Tensor], num_samples
     _require_eval(model, "sample_answers")
     repeated = {k: v.repeat(num_samples, *([1] * (v.ndim - 1))) for k, v in batch.items()}
     carry = model.initial_carry(repeated)
-    on_q = getattr(model, "sample_halt", "limit") == "q"
+    on_q = family_of(model).sample_halt(model) == "q"
     answers, done, segments = None, torch.zeros_like(carry.halted), 0
     while segments < model.max_segments:
         carry, outputs = model(carry, repeated)

@@ -29,6 +29,7 @@ from urm_ray.models.task import TaskSpec
 from urm_ray.optim import EMA
 from urm_ray.progress import Progress
 from urm_ray.train import checkpoint
+from urm_ray.train.step import local_device, to_device
 
 
 def load_checkpoint(folder: str | Path, temperature: Optional[float] = None) -> tuple[RunConfig, torch.nn.Module]:
@@ -42,6 +43,11 @@ def load_checkpoint(folder: str | Path, temperature: Optional[float] = None) -> 
         check_temperature(cfg, temperature)
         model.sample_temperature = temperature
     return cfg, model
+
+
+def device_of(model: torch.nn.Module) -> torch.device:
+    """Where a loaded model's weights are (``_load`` chose it): its batches go there too."""
+    return next(model.parameters()).device
 
 
 def check_temperature(cfg: RunConfig, temperature: Optional[float]) -> None:
@@ -80,7 +86,8 @@ def _load(folder: str | Path, shown_as: str = "") -> tuple[RunConfig, torch.nn.M
         ema = EMA(model, state["ema"]["decay"])
         ema.load_state_dict(state["ema"])
         ema.copy_to(model)
-    return cfg, model.eval(), int(state.get("position", {}).get("step", 0))
+    # the GPU when this process sees one, whichever device the run trained on
+    return cfg, model.to(local_device()).eval(), int(state.get("position", {}).get("step", 0))
 
 
 def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0, live: bool = False,
@@ -106,7 +113,7 @@ def evaluate_checkpoint(folder: str | Path, split: str = "", max_rows: int = 0, 
             buffer_rows=0,
         ):
             progress.update(progress.done + len(batch["inputs"]))
-            yield batch
+            yield to_device(batch, device_of(model))
 
     metrics = held_out_metrics(model, batches, cfg.train.eval_samples,
                                optional_verifier(meta.task, meta.seq_len))
@@ -137,7 +144,7 @@ def evaluate_testtime_checkpoint(folder: str | Path, settings: EvalConfig, split
             for batch in stream.iter_torch_batches(dataset, batch_size, epoch=0, seed=0, shuffle=False,
                                                    drop_last=False, buffer_rows=0):
                 progress.update(progress.done + len(batch["inputs"]))
-                yield batch
+                yield to_device(batch, device_of(model))
 
         sums = testtime.accumulate(batches(), model, settings, optional_verifier(meta.task, meta.seq_len),
                                    task.augment)
@@ -185,7 +192,8 @@ def evaluate_arc_checkpoint(folder: str | Path, split: str = "", num_augmentatio
     split = split or cfg.data.eval_split
     report = scoring.score(model, cfg.data, split, views=num_augmentations,
                            batch_size=batch_size or cfg.train.eval_batch_size, halt_early=halt_early,
-                           pass_ks=tuple(pass_ks) or scoring.pass_ks, max_rows=max_pairs, live=live)
+                           pass_ks=tuple(pass_ks) or scoring.pass_ks, max_rows=max_pairs, device=device_of(model),
+                           live=live)
     return {"split": split, "step": step, **report}
 
 

@@ -19,6 +19,7 @@ from urm_ray.data.tasks.verify import verifier_for
 from urm_ray.errors import DataError
 from urm_ray.eval.heldout import IGNORE, generate_unconditional
 from urm_ray.eval.offline import load_checkpoint
+from urm_ray.models.registry import family_of
 
 BLANK_TOKEN = 1  # the empty cell of the Sudoku and N-Queens datasets (0 is padding)
 
@@ -41,7 +42,7 @@ def sample_checkpoint(folder: str | Path, num: int, seed: int = 0,
     return {
         "task": meta.task,
         "samples": num,
-        "temperature": getattr(model, "sample_temperature", None),
+        "temperature": family_of(model).sample_temperature(model),
         "valid": float(valid.double().mean()),
         "distinct": len(distinct),
         "distinct_valid": len(distinct_valid),

@@ -1,7 +1,7 @@
 """Test-time compute of a trained model: width, depth and noise at evaluation, without retraining.
 
     settings = EvalConfig(width=16, noise=0.1, select="q", segments=24)   # the eval section
-    with applied(model, settings):                       # depth, loops and noise set on the model
+    with applied(model, settings):                       # the model runs with depth, loops and noise
         sums = evaluate_testtime(model, batch, settings, verifier)
 
 Width N runs N trajectories per puzzle as one batch of N * B rows (trajectory-major, as GRAM's
@@ -52,6 +52,8 @@ from urm_ray.data.augment import Transform, TransformFn, row_transforms
 from urm_ray.eval.config import EvalConfig, Select
 from urm_ray.eval.heldout import IGNORE, Verifier
 from urm_ray.eval.voting import majority_vote
+from urm_ray.models.family import TestTime
+from urm_ray.models.registry import family_of
 
 def widths(width: int) -> list[int]:
     """The width curve's points: 1, 2, 4, ... below ``width``, then ``width``."""
@@ -63,21 +65,14 @@ def widths(width: int) -> list[int]:
 
 @contextmanager
 def applied(model: nn.Module, settings: EvalConfig) -> Iterator[nn.Module]:
-    """``model`` with the settings' depth, loops and noise; what it had comes back on exit.
-    ConfigError where the model cannot take them (``EvalConfig.check_model``)."""
-    config = model.config
-    settings.check_model(config)
-    saved = (model.max_segments, config.state_noise, getattr(config, "loops", None))
-    model.max_segments = settings.segments or model.max_segments
-    config.state_noise = settings.noise
-    if settings.loops:
-        config.loops = settings.loops
-    try:
-        yield model
-    finally:
-        model.max_segments, config.state_noise = saved[:2]
-        if saved[2] is not None:
-            config.loops = saved[2]
+    """``model`` running with the settings' depth, loops and noise (its family's
+    ``FamilySpec.running_with``: the model's config object is never written); on exit it holds
+    exactly what it held before. ConfigError where the model cannot take them
+    (``EvalConfig.check_model``)."""
+    settings.check_model(model.config)
+    at = TestTime(segments=settings.segments, loops=settings.loops, noise=settings.noise)
+    with family_of(model).running_with(model, at) as running:
+        yield running
 
 
 @dataclass(frozen=True)

@@ -236,8 +236,7 @@ def evaluate_arc(model: nn.Module, data_cfg: DataConfig, split: str = "test",
         progress.update(tally.share.rows)
     progress.finish()
     share = merge(gather(tally.placed(_truths(mine))))
-    max_segments = int(getattr(model, "max_segments", 0))
-    return _report(share, stored, table, pass_ks, num_augmentations, max_segments)
+    return _report(share, stored, table, pass_ks, num_augmentations, model.max_segments)
 
 
 def _truths(stored: dict[str, np.ndarray]) -> dict[int, bytes]:

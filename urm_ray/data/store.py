@@ -13,6 +13,10 @@ Each Parquet file has the columns
 with intK the narrowest of int8/int16/int32 that holds the vocabulary and -100. Only originals are
 stored; augmentation happens when streaming. A fixed-size list keeps each row's tokens contiguous,
 so `arrow_to_numpy` turns a column into an [N, seq_len] array without a per-row loop.
+
+A dataset is read from a local folder or from a URL (``s3://bucket/prefix``, through pyarrow's
+filesystems; a custom S3 endpoint such as MinIO comes from $AWS_ENDPOINT_URL); it is written to a
+local folder (`urm-ray data`), and uploaded as it is for a multi-node cluster.
 """
 
 import dataclasses
@@ -30,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs
 import pyarrow.parquet as pq
 
 from urm_ray import __version__
@@ -89,30 +94,69 @@ _INT_KEYS = (
 _STR_KEYS = ("task", "augmentation")
 
 
-def read_metadata(path: str | os.PathLike) -> DatasetMeta:
-    """Reads and validates `<path>/metadata.json`; raises DataError naming the file and key."""
-    meta_file = Path(path) / METADATA_FILE
-    if not meta_file.is_file():
-        raise DataError(f"{meta_file}: not found; is {path} a dataset folder written by urm_ray?")
+def is_url(path: str | os.PathLike) -> bool:
+    """Whether a dataset location is a URL (``s3://...``) rather than a local folder."""
+    return "://" in str(path)
+
+
+def join(path: str | os.PathLike, rel: str) -> str:
+    """``rel`` under a dataset folder or URL (a URL keeps its ``//``, which Path would fold)."""
+    return f"{str(path).rstrip('/')}/{rel}" if is_url(path) else str(Path(path) / rel)
+
+
+def filesystem(path: str | os.PathLike) -> tuple[pyarrow.fs.FileSystem, str]:
+    """The pyarrow filesystem of a local folder or URL, and the path within it."""
+    if not is_url(path):
+        return pyarrow.fs.LocalFileSystem(), str(Path(path).resolve())
     try:
-        raw = json.loads(meta_file.read_text())
+        return pyarrow.fs.FileSystem.from_uri(str(path))
+    except (OSError, pa.ArrowException) as err:
+        raise DataError(f"{path}: not a dataset location pyarrow can open ({err}); expected a "
+                        "local folder or s3://bucket/prefix") from err
+
+
+def _is_file(fs: pyarrow.fs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type == pyarrow.fs.FileType.File
+
+
+def read_metadata(path: str | os.PathLike) -> DatasetMeta:
+    """Reads and validates `<path>/metadata.json` (a local folder or a URL); raises DataError
+    naming the file and key."""
+    meta_file = join(path, METADATA_FILE)
+    fs, root = filesystem(path)
+    try:
+        if not _is_file(fs, f"{root}/{METADATA_FILE}"):
+            raise DataError(f"{meta_file}: not found; is {path} a dataset folder written by urm_ray?")
+        with fs.open_input_stream(f"{root}/{METADATA_FILE}") as stream:
+            text = stream.read().decode()
+    except (OSError, pa.ArrowException) as err:  # a bucket that is missing or refuses access
+        raise DataError(f"{meta_file}: cannot be read ({err})") from err
+    try:
+        raw = json.loads(text)
     except json.JSONDecodeError as err:
         raise DataError(f"{meta_file}: invalid JSON ({err})") from err
     if not isinstance(raw, dict):
         raise DataError(f"{meta_file}: expected a JSON object, got {type(raw).__name__}")
     meta = _meta_from_dict(raw, meta_file)
-    _check_split_files(meta, Path(path), meta_file)
+    _check_split_files(meta, fs, root, meta_file)
     return meta
 
 
-def metadata_digest(path: str | os.PathLike) -> str:
-    """A short fingerprint of a dataset folder, without reading its Parquet files: the hash of
-    `metadata.json`, which lists every file with its row count and records the build (arguments,
-    seed, time), so a rebuilt or changed dataset gets a new digest."""
-    return hashlib.sha256((Path(path) / METADATA_FILE).read_bytes()).hexdigest()[:8]
+def metadata_digest(source: DatasetMeta | str | os.PathLike) -> str:
+    """A short fingerprint of a dataset, without reading its Parquet files: the hash of its
+    `metadata.json` as this module writes it (`source`: the metadata already read, or the folder
+    or URL to read it from). The metadata lists every file with its row count and records the
+    build (arguments, seed, time), so a rebuilt or changed dataset gets a new digest."""
+    meta = source if isinstance(source, DatasetMeta) else read_metadata(source)
+    return hashlib.sha256(metadata_text(meta).encode()).hexdigest()[:8]
 
 
-def _meta_from_dict(raw: dict[str, Any], meta_file: Path) -> DatasetMeta:
+def metadata_text(meta: DatasetMeta) -> str:
+    """The `metadata.json` of `meta`, as `write_dataset` writes it."""
+    return json.dumps(dataclasses.asdict(meta), indent=2) + "\n"
+
+
+def _meta_from_dict(raw: dict[str, Any], meta_file: str) -> DatasetMeta:
     for key in (*_INT_KEYS, *_STR_KEYS, "splits", "build"):
         if key not in raw:
             raise DataError(f"{meta_file}: missing key {key!r}")
@@ -141,7 +185,7 @@ def _meta_from_dict(raw: dict[str, Any], meta_file: Path) -> DatasetMeta:
     return DatasetMeta(**{**raw, "splits": _splits_from_dict(raw["splits"], meta_file)})
 
 
-def _splits_from_dict(raw: Any, meta_file: Path) -> dict[str, SplitInfo]:
+def _splits_from_dict(raw: Any, meta_file: str) -> dict[str, SplitInfo]:
     if not isinstance(raw, dict) or not raw:
         raise DataError(f"{meta_file}: key 'splits' must be a non-empty object, got {raw!r}")
     splits = {}
@@ -164,41 +208,47 @@ def _splits_from_dict(raw: Any, meta_file: Path) -> dict[str, SplitInfo]:
     return splits
 
 
-def _check_split_files(meta: DatasetMeta, root: Path, meta_file: Path) -> None:
+def _check_split_files(meta: DatasetMeta, fs: pyarrow.fs.FileSystem, root: str, meta_file: str) -> None:
     """Every split file exists, has a readable Parquet footer, and agrees with the metadata:
     row counts, the token columns' length (seq_len) and, from the footer's statistics, the
     token range (vocab_size, ignore_label). Footers only: no data page is read."""
+    shown_root = meta_file[: -len(METADATA_FILE) - 1]
     for name, info in meta.splits.items():
         rows = 0
         for rel in info.files:
-            path = root / rel
-            if not path.is_file():
+            path = f"{root}/{rel}"
+            try:
+                found = _is_file(fs, path)
+            except (OSError, pa.ArrowException) as err:
+                raise DataError(f"{meta_file}: file {rel!r} of split {name!r} cannot be read ({err})") from err
+            if not found:
                 raise DataError(
-                    f"{meta_file}: file {rel!r} of split {name!r} does not exist under {root}"
+                    f"{meta_file}: file {rel!r} of split {name!r} does not exist under {shown_root}"
                 )
-            rows += _check_parquet_file(meta, path)
+            rows += _check_parquet_file(meta, fs, path, join(shown_root, rel))
         if rows != info.num_rows:
             raise DataError(f"{meta_file}: split {name!r} has num_rows={info.num_rows}, but its "
                             f"files hold {rows} rows")
 
 
-def _check_parquet_file(meta: DatasetMeta, path: Path) -> int:
-    """Rows of one split file, after checking its footer against the metadata."""
+def _check_parquet_file(meta: DatasetMeta, fs: pyarrow.fs.FileSystem, path: str, shown: str) -> int:
+    """Rows of one split file (``shown`` in errors), after checking its footer against the
+    metadata."""
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = pq.ParquetFile(fs.open_input_file(path))
     except (OSError, pa.ArrowException) as err:
-        raise DataError(f"{path}: not a readable Parquet file ({err})") from err
+        raise DataError(f"{shown}: not a readable Parquet file ({err})") from err
     schema = parquet.schema_arrow
     for column, low in (("inputs", 0), ("labels", min(0, meta.ignore_label))):
         if column not in schema.names or not pa.types.is_fixed_size_list(schema.field(column).type):
-            raise DataError(f"{path}: expected a fixed_size_list column {column!r}; columns: {schema.names}")
+            raise DataError(f"{shown}: expected a fixed_size_list column {column!r}; columns: {schema.names}")
         length = schema.field(column).type.list_size
         if length != meta.seq_len:
-            raise DataError(f"{path}: column {column!r} holds {length} tokens per row, but metadata.json "
+            raise DataError(f"{shown}: column {column!r} holds {length} tokens per row, but metadata.json "
                             f"says seq_len={meta.seq_len}")
         lowest, highest = _column_range(parquet, column)
         if lowest is not None and (lowest < low or highest >= meta.vocab_size):
-            raise DataError(f"{path}: column {column!r} holds token ids in [{lowest}, {highest}], outside "
+            raise DataError(f"{shown}: column {column!r} holds token ids in [{lowest}, {highest}], outside "
                             f"metadata.json's vocab_size={meta.vocab_size} (ignore_label {meta.ignore_label})")
     return parquet.metadata.num_rows
 
@@ -218,12 +268,22 @@ def _column_range(parquet: pq.ParquetFile, column: str) -> tuple[int | None, int
 
 
 def split_paths(path: str | os.PathLike, meta: DatasetMeta, split: str) -> list[str]:
-    """Absolute Parquet paths of `split`; DataError naming the available splits if it is missing."""
+    """Absolute Parquet paths (or URLs) of `split`; DataError naming the available splits if it
+    is missing."""
     if split not in meta.splits:
         raise DataError(
-            f"{Path(path) / METADATA_FILE}: no split {split!r}; available: {sorted(meta.splits)}"
+            f"{join(path, METADATA_FILE)}: no split {split!r}; available: {sorted(meta.splits)}"
         )
+    if is_url(path):
+        return [join(path, rel) for rel in meta.splits[split].files]
     return [str((Path(path) / rel).resolve()) for rel in meta.splits[split].files]
+
+
+def split_files(path: str | os.PathLike, meta: DatasetMeta, split: str) -> tuple[pyarrow.fs.FileSystem, list[str]]:
+    """The filesystem of a dataset and the paths of `split`'s Parquet files within it."""
+    fs, root = filesystem(path)
+    split_paths(path, meta, split)  # names the available splits if it is missing
+    return fs, [f"{root}/{rel}" for rel in meta.splits[split].files]
 
 
 def token_dtype(vocab_size: int, ignore_label: int) -> np.dtype:
@@ -302,7 +362,7 @@ def write_dataset_chunks(
         meta = dataclasses.replace(meta, splits=infos, build=build, format_version=FORMAT_VERSION)
         for name, text in extra_files.items():
             (tmp / name).write_text(text)
-        (tmp / METADATA_FILE).write_text(json.dumps(dataclasses.asdict(meta), indent=2) + "\n")
+        (tmp / METADATA_FILE).write_text(metadata_text(meta))
         _move_into_place(tmp, out, overwrite)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -536,5 +596,5 @@ def arrow_to_numpy(table: pa.Table) -> dict[str, np.ndarray]:
 def read_split(path: str | os.PathLike, split: str) -> dict[str, np.ndarray]:
     """All rows of one split as numpy arrays, read without Ray (for evaluation and tests)."""
     meta = read_metadata(path)
-    tables = [pq.read_table(f) for f in split_paths(path, meta, split)]
+    tables = [pq.read_table(f) for f in split_paths(path, meta, split)]  # pyarrow opens URLs too
     return arrow_to_numpy(pa.concat_tables(tables))

@@ -19,7 +19,8 @@ a restart, not by Tune's trial id.
 With several objectives (``StudyDominance``) the rungs are the same but the rule is Pareto
 dominance: a trial stops at a rung only if a trial recorded there is at least as good on every
 objective and better on one, so a trial on the rung's own front (the most accurate, the cheapest,
-or any trade-off between them) always goes on. Optuna keeps no intermediate values for a
+or any trade-off between them) always goes on; one with a NaN objective stops where the rung
+holds another trial. Optuna keeps no intermediate values for a
 multi-objective study; the searcher records each evaluation's objective values in the trial's
 ``EVALS_ATTR`` user attribute instead, and a restart reads the rungs back from there.
 """
@@ -151,7 +152,9 @@ class StudyDominance(StudyASHA):
                 continue
             if number in recorded:
                 return TrialScheduler.CONTINUE
-            dominated = any(dominates(other, point) for other in recorded.values())
+            # a NaN objective fails the trial at the end (Optuna takes no NaN): it stops as in ASHA
+            dominated = any(dominates(other, point) for other in recorded.values()) or (
+                bool(recorded) and any(math.isnan(v) for v in value))
             recorded[number] = point
             return TrialScheduler.STOP if dominated else TrialScheduler.CONTINUE
         return TrialScheduler.CONTINUE

@@ -4,6 +4,7 @@ entry point, its report, ``best`` and ``final``."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,10 +32,36 @@ class SweepInfo:
     # Ray Train storage of the trials' and final runs: the base config's train.storage_path when
     # that is a URI (s3://..., which every node of a cluster reaches) plus /<name>; else the folder
     run_storage: str = ""
+    # caps (0 = none; see tune/cost.py) and the wall time spent: seconds of the sweep's earlier
+    # runs, plus the time since ``started_at`` (epoch seconds; 0 while it does not run)
+    max_hours: float = 0.0
+    max_device_hours: float = 0.0
+    price_per_hour: float = 0.0  # per device-hour, for ``cost/usd``
+    spent_s: float = 0.0
+    started_at: float = 0.0
+
+    @classmethod
+    def load(cls, folder: Path) -> SweepInfo:
+        """As saved: without secrets (see ``save``)."""
+        return cls(**json.loads((folder / INFO_FILE).read_text()))
+
+    def elapsed_s(self) -> float:
+        """Wall seconds the sweep has run, over all its runs (a resume's too)."""
+        return self.spent_s + (time.time() - self.started_at if self.started_at else 0.0)
 
     @property
     def path(self) -> Path:
         return Path(self.folder)
+
+    @property
+    def tune_storage(self) -> str:
+        """Tune's storage: its experiment state and the one-worker trials' checkpoints, beside the
+        trials' Train runs (on S3 when ``run_storage`` is a URI, else in the sweep folder)."""
+        return self.run_storage or self.folder
+
+    @property
+    def tune_path(self) -> str:
+        return f"{self.tune_storage}/tune"
 
     def runs_path(self, kind: str) -> str:
         """Where the Train runs of ``kind`` ("trials", "final") keep their checkpoints."""

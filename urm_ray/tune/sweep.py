@@ -7,8 +7,11 @@
 A sweep lives in ``<root>/<name>/``: ``sweep.json`` (where its study and runs are),
 ``space.yaml`` + ``base_config.yaml`` (the space as resolved at creation, so a resume samples
 exactly the same space), ``optuna.db`` (the study, unless ``storage`` names another database),
-``tune/`` (Tune's experiment state), ``trials/`` (each trial's Ray Train run and checkpoints)
-and, when it ends, ``best_config.yaml``, ``leaderboard.csv`` and ``plots/``.
+``tune/`` (Tune's experiment state and the one-worker trials' checkpoints), ``trials/`` (each
+Ray Train run of a trial of several workers) and, when it ends, ``best_config.yaml``,
+``leaderboard.csv`` and ``plots/``. When ``train.storage_path`` is an ``s3://`` URL, ``tune/`` and
+``trials/`` are there instead, under ``<storage_path>/<name>/``, which every node of a cluster
+reaches; on a cluster of several nodes a local one is refused (``check_nodes``).
 
 Resume: Tune's saved state brings back its trials and the searcher; unfinished trials restart
 their Train run from its last checkpoint; Optuna trials the state does not know (asked after
@@ -17,6 +20,7 @@ its last save) are taken over by the next suggestions (see ``search.py``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, replace
@@ -32,8 +36,9 @@ from ray.exceptions import RayError
 from ray.tune.schedulers import FIFOScheduler, MedianStoppingRule, TrialScheduler
 
 from urm_ray import heartbeat, redact, tracking
-from urm_ray.cluster import init_ray, scaled_up
+from urm_ray.cluster import check_reachable, init_ray, scaled_up
 from urm_ray.data import builtin, stream
+from urm_ray.data.store import DatasetMeta
 from urm_ray.errors import ConfigError
 from urm_ray.names import SWEEP_MAX_LENGTH, check_name, timestamped
 from urm_ray.tracking import KIND_TAG, SWEEP_TAG
@@ -202,20 +207,46 @@ def run_sweep(info: SweepInfo, space: SearchSpace, resume: bool = False,
     ``concurrency`` is 0) and wait that long for the nodes. ``verbose``: show the output of Ray and
     of the trials' workers (else only the trial table).
     """
-    data_path = prepare_data(space)
+    data_path, meta = prepare_data(space)
     if not ray.is_initialized():
         init_ray(verbose=verbose)
+    try:
+        check_nodes(info, space, data_path, grows=scale_up_s > 0)
+    except ConfigError:
+        if not resume:  # nothing ran: the same command, fixed, creates the sweep anew
+            _discard(info)
+        raise
     if not verbose:
         # Tune's new console output prints its experiment banner and TensorBoard hint even at
         # verbose=0; its legacy reporter, at verbose=0, prints nothing (read when fit starts)
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     wanted = space.spec.concurrency or space.spec.trials
     with scaled_up(trial_bundles(space.spec.resources, wanted), scale_up_s):
-        return _run(info, space, resume, callbacks, data_path)
+        return _run(info, space, resume, callbacks, data_path, meta)
+
+
+def check_nodes(info: SweepInfo, space: SearchSpace, data_path: str, grows: bool = False) -> None:
+    """On a cluster of several nodes, refuse a sweep whose data, Tune state or trial checkpoints
+    would be on this node's disk (``cluster.check_reachable``): trial actors run on other nodes,
+    and Tune stores its state and the one-worker trials' checkpoints where the trials' Train runs
+    go (``SweepInfo.tune_storage``)."""
+    storage = space.base_config.train.storage_path
+    check_reachable({"data.path": (data_path, "the dataset"),
+                     "train.storage_path": (info.run_storage or storage,
+                                            f"Tune's state and the trials' checkpoints ({info.tune_path})")},
+                    space.base_config.train.shared_fs, grows)
+
+
+def _discard(info: SweepInfo) -> None:
+    """Remove what ``create_sweep`` wrote for a sweep that never ran."""
+    for name in (INFO_FILE, "space.yaml", "base_config.yaml"):
+        (info.path / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # a folder that held other files stays
+        info.path.rmdir()
 
 
 def _run(info: SweepInfo, space: SearchSpace, resume: bool, callbacks: list[tune.Callback] | None,
-         data_path: str) -> SweepOutcome:
+         data_path: str, meta: DatasetMeta) -> SweepOutcome:
     cluster = ray.cluster_resources()
     the_plan = plan(cluster, space.spec.resources, space.spec.concurrency, space.spec.trials)
     print(f"sweep {info.name}: {the_plan.describe(cluster)}", flush=True)
@@ -224,7 +255,7 @@ def _run(info: SweepInfo, space: SearchSpace, resume: bool, callbacks: list[tune
     info.started_at = time.time()
     info.save()
     ctx = TrialContext(info.name, space, _trial_extra(info), info.tracking_uri, info.experiment,
-                       info.parent_run_id)
+                       info.parent_run_id, meta)
     try:
         with heartbeat.beating(info.tracking_uri, info.parent_run_id):
             _fit(info, space, the_plan, ctx, resume, callbacks or [])
@@ -254,7 +285,7 @@ def _fit(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContext,
             return
         except Exception as exc:
             fault = cluster_fault(exc)
-            if fault is None or not tune.Tuner.can_restore(str(info.path / "tune")):
+            if fault is None or not tune.Tuner.can_restore(info.tune_path):
                 raise
             now = _finished(info)
             idle = 0 if now > finished else idle + 1
@@ -314,18 +345,19 @@ def _open_parent(info: SweepInfo, space: SearchSpace, the_plan: Plan) -> str:
     return tracking.open_run(info.tracking_uri, info.experiment, info.name, params, tags)
 
 
-def prepare_data(space: SearchSpace) -> str:
-    """The dataset path every trial gets, checked once before any trial starts.
+def prepare_data(space: SearchSpace) -> tuple[str, DatasetMeta]:
+    """The dataset path every trial gets, and its metadata, read once here for every trial (a
+    trial on another node reads only the data files).
 
     A built-in dataset is built here, once, rather than by concurrent trials; a local path is
     made absolute, since Tune runs each trial in its own working directory.
     """
     path = space.base_config.data.path
     resolved = builtin.resolve_path(path)
-    stream.load_meta(replace(space.base_config.data, path=resolved))  # missing data fails now
+    meta = stream.load_meta(replace(space.base_config.data, path=resolved))  # missing data fails now
     if path.startswith(builtin.PREFIX) or "://" in path:
-        return path
-    return str(Path(path).resolve())
+        return path, meta
+    return str(Path(path).resolve()), meta
 
 
 def _trial_extra(info: SweepInfo) -> dict[str, Any]:
@@ -361,7 +393,7 @@ def _tuner(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContex
     # evaluation gives Tune's scheduler and searcher an objective (they skip such results)
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     trainable = tune.with_resources(partial(run_trial, ctx=ctx), the_plan.trial_resources())
-    path = str(info.path / "tune")
+    path = info.tune_path
     if resume and tune.Tuner.can_restore(path):
         cost.reopen(Path(path), space.spec.trials)  # an extended total, or larger caps
         # with retries, a trial that failed (its node preempted) restarts from its checkpoint too
@@ -379,7 +411,7 @@ def _tuner(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContex
             reuse_actors=True,  # a trial actor trains the next trial: no process start, no imports
         ),
         run_config=tune.RunConfig(
-            name="tune", storage_path=str(info.path), verbose=0,
+            name="tune", storage_path=info.tune_storage, verbose=0,
             # one-worker trials checkpoint through Tune (``hosts.TrialHost``)
             checkpoint_config=tune.CheckpointConfig(
                 num_to_keep=space.base_config.train.keep_checkpoints),

@@ -21,7 +21,9 @@ from typing import Any
 import ray.tune
 
 from urm_ray import redact, tracking
+from urm_ray.data.store import DatasetMeta
 from urm_ray.tracking import FATE_TAG, KIND_TAG, REASON_TAG, SWEEP_TAG, TRIAL_TAG
+from urm_ray.tune.cost import measured
 from urm_ray.tune.derived import Derived, DerivedReport
 from urm_ray.tune.search import TRIAL_KEY
 from urm_ray.tune.space import SearchSpace
@@ -45,6 +47,9 @@ class TrialContext:
     tracking_uri: str
     experiment: str
     parent_run_id: str
+    # the dataset's metadata, read once by the sweep's driver: a trial on another node reads only
+    # the data files (None: each trial reads it)
+    meta: DatasetMeta | None = None
 
     def without_secrets(self) -> TrialContext:
         """This context as it may be saved to disk (``redact.strip``)."""
@@ -73,8 +78,12 @@ def allow_slow_stops() -> None:
 
 def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     allow_slow_stops()
+    # the trial holds its workers' devices from here on, also while it imports and loads data
+    workers = int(ctx.extra.get("train.num_workers", ctx.space.base_config.train.num_workers))
+    name = trial_run_name(ctx.sweep, split_config(config)[0])
     try:
-        _run_trial(config, ctx)
+        with measured(ctx.tracking_uri, ctx.experiment, name, workers):
+            _run_trial(config, ctx)
     finally:
         release_memory()
 
@@ -115,9 +124,9 @@ def _run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
         return
     if cfg.train.num_workers == 1:
         forget_compiled_graphs(cfg)
-        fit_in_trial(cfg, tags, params, derived.for_tune)
+        fit_in_trial(cfg, tags, params, derived.for_tune, ctx.meta)
         return
-    result = fit(cfg, tags=tags, callbacks=[DerivedReport(derived)], params=params)
+    result = fit(cfg, tags=tags, callbacks=[DerivedReport(derived)], params=params, meta=ctx.meta)
     if result.metrics.get("step") == cfg.train.steps:
         # A run resumed after its last step reports nothing itself: hand Tune its final result.
         ray.tune.report(derived.add(result.metrics))

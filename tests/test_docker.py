@@ -167,3 +167,16 @@ def test_constraints_pin_every_dependency_within_pyproject():
     assert installs and all("-c constraints.txt" in line for line in installs), installs
     readme = (ROOT / "README.md").read_text()
     assert 'pip install -e ".[dev,docs]" -c constraints.txt' in readme
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_images_have_a_c_compiler_for_torch_compile(path: Path):
+    """torch.compile builds C++ (CPU) and Triton launcher (GPU) code with gcc: the image installs
+    build-essential as root and hands the rest of the build back to the image's user."""
+    lines = _instructions(path)
+    users = [i for i, line in enumerate(lines) if line.startswith("USER ")]
+    install = next(i for i, line in enumerate(lines) if "apt-get install" in line)
+    assert "build-essential" in lines[install].split() and "--no-install-recommends" in lines[install]
+    assert "rm -rf /var/lib/apt/lists/*" in lines[install]
+    assert [lines[i] for i in users] == ["USER 0", "USER 1000"], "root for apt, then the image's `ray`"
+    assert users[0] < install < users[1] < next(i for i, line in enumerate(lines) if "pip install" in line)

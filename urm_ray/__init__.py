@@ -5,8 +5,8 @@ import os
 from urm_ray import redact
 
 # Runs, trials and Ray Data tasks share a machine's cores. PyTorch's OpenMP threads spin while they
-# wait by default, and a process whose threads spin on cores another process needs slows both by
-# an order of magnitude (bench/sharing.py); waiting threads that sleep instead share the cores.
+# wait by default, and a process whose threads spin on cores another process needs slows both
+# (docs/benchmarks.md, "Runs sharing a machine"); waiting threads that sleep instead share the cores.
 # Read by the OpenMP runtime when torch loads, so set before anything imports torch; a value the
 # user set stands.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -28,9 +28,9 @@ from urm_ray.errors import ConfigError
 Bundle = dict[str, float]
 log = logging.getLogger(__name__)
 
-# How often Ray Train's controller polls its workers (Ray's default: 2 s). The end of training is
-# seen at the next poll: the default cost every run and every sweep trial about 3 s of worker
-# teardown (bench/run_overhead.py); a poll is one small RPC per worker.
+# How often Ray Train's controller polls its workers, in seconds. The end of training is seen at
+# the next poll, so Ray's slower default adds worker teardown time to every run and sweep trial
+# (docs/experiments/run-overhead.md); a poll is one small RPC per worker.
 HEALTH_CHECK_INTERVAL_S = "0.2"
 
 _private_gcs: str | None = None  # the GCS address of the private instance init_ray started

@@ -111,8 +111,8 @@ class Attention(nn.Module):
 
 
 # On CPU, sequences shorter than this run plain attention (two batched matrix products around a
-# softmax): PyTorch's CPU flash-attention kernel took 1.3-3.9x its time, forward and backward, from
-# 17 to 82 positions, about the same at 128 and half the time or less from 256 on (2 threads, AVX2).
+# softmax): PyTorch's CPU flash-attention kernel is slower on short sequences and faster on long
+# ones, and this is where they cross (docs/benchmarks.md, "Training throughput").
 PLAIN_ATTENTION_BELOW = 128
 
 

@@ -13,9 +13,9 @@ it. A maze is kept when the shortest path has at least `min_path` moves (the har
 papers' Maze-Hard is 30x30 with paths over 110) and, with `unique_path`, no other path is as
 short (so the label is the one correct answer). For even n the last row and column are wall.
 Mazes are distinct up to the 8 symmetries of the square across both splits, so the dihedral
-augmentation cannot turn a training maze into a test maze. Random-wall mazes as in Searchformer
-(30-50% walls) were tried first: on 30x30 their shortest paths stayed under 90 moves in 3k draws,
-so they cannot meet the papers' hardness.
+augmentation cannot turn a training maze into a test maze. Rooms and knocked-down walls, rather
+than random walls as in Searchformer: random-wall mazes keep their shortest paths too short to meet
+the papers' hardness (docs/experiments/data-choices.md).
 
     build_generated("data/maze30", n=30, num_train=1000, num_test=1000, min_path=110, seed=0)
     build_from_csv("data/maze-hard", "train.csv", "test.csv")     # the official CSVs

@@ -1,0 +1,47 @@
+"""The architecture page's module map names every module of the package, so it cannot fall behind
+the code: a row names a module by its path under ``urm_ray/`` (``train/step.py``), by its bare
+name after a path of the same folder in that row (``tune/space.py``, ``params.py``), by its bare
+name under a heading that names the folder (``### Models (`models/`)``), or as a whole folder
+(``data/tasks/arc/``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "urm_ray"
+PAGE = ROOT / "docs" / "architecture.md"
+
+
+def _named() -> set[str]:
+    """Every module path (relative to urm_ray/) or folder (ending in /) the module map's rows name."""
+    named: set[str] = set()
+    heading_folder = ""
+    for line in PAGE.read_text().split("## Module map", 1)[1].split("\n## ", 1)[0].splitlines():
+        if line.startswith("### "):
+            found = re.search(r"`([\w/]+/)`", line)
+            heading_folder = found.group(1) if found else ""
+        if not line.startswith("| `"):
+            continue
+        row_folder = ""
+        for token in re.findall(r"`([\w/.]+)`", line.split("|")[1]):
+            if "/" in token:
+                row_folder = token if token.endswith("/") else token.rsplit("/", 1)[0] + "/"
+                named.add(token)
+            else:
+                named.update({token, row_folder + token, heading_folder + token})
+    return named
+
+
+def test_the_module_map_names_every_module():
+    named = _named()
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).as_posix()
+        if path.name == "__init__.py" and module != "__init__.py":
+            continue
+        folders = [module.rsplit("/", i)[0] + "/" for i in range(1, module.count("/") + 1)]
+        if module not in named and not any(folder in named for folder in folders):
+            missing.append(module)
+    assert not missing, f"docs/architecture.md's module map lacks {missing}"

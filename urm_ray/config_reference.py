@@ -274,8 +274,8 @@ RUN_INTRO = """## Run config
 
 A run config is a YAML file or the name of a preset in `urm_ray/presets` (`urm-ray presets` lists
 them): `urm-ray train CONFIG [KEY=VALUE ...]`, where each override is a dotted key below, e.g.
-`model.loops=8 train.steps=500`. It has five sections: `model`, `data`, `optim`, `train`,
-`tracking`; only `model.name` and `data.path` have no usable default.
+`model.loops=8 train.steps=500`. It has six sections: `model`, `data`, `optim`, `train`,
+`tracking`, `eval`; only `model.name` and `data.path` have no usable default.
 
 ### `model`
 

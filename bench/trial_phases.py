@@ -70,7 +70,7 @@ def one_trial(cfg, number: int) -> dict[str, float]:
     with t("mlflow open"):
         run_id = driver.open_mlflow_run(cfg, meta, {"urm_ray.kind": "trial"}, {"sampled.x": number})
     with t("datasets"):
-        data = driver.datasets(cfg)
+        data = driver.datasets(cfg, meta)
     folder = Path(cfg.train.storage_path) / cfg.train.run_name
     host = ProcessHost(data, folder, cfg.train.keep_checkpoints)
     with t("model build"):

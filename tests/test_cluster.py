@@ -397,7 +397,8 @@ def test_sweep_trials_land_on_different_nodes_and_survive_a_preempted_one(tmp_pa
         cluster.wait_for_nodes()
         uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
         cmd = [sys.executable, "-m", "urm_ray.cli", "sweep", str(space), "--name", "nodes",
-               "--dir", str(tmp_path / "sweeps"), f"data.path={data}", f"tracking.tracking_uri={uri}"]
+               "--dir", str(tmp_path / "sweeps"), f"data.path={data}", f"tracking.tracking_uri={uri}",
+               "train.shared_fs=true"]  # the nodes are processes of this machine: one filesystem
         # a fresh matplotlib font cache, as on a first sweep: its build is logged unless quiet
         env = subprocess_env(RAY_ADDRESS=cluster.address, MPLCONFIGDIR=str(tmp_path / "mpl"))
         with subprocess.Popen(cmd, env=env, text=True,
@@ -505,7 +506,8 @@ def test_scale_up_grows_an_autoscaling_cluster(tmp_path: Path):
                  "train.steps=2", "train.global_batch_size=8", "train.log_every=1",
                  "train.eval_every=0", "train.eval_max_rows=8", "train.checkpoint_every=0",
                  "train.device=cpu", "train.cpus_per_worker=0.5", "train.worker_resources.slot=1",
-                 f"train.storage_path={tmp_path / 'runs'}", "tracking.enabled=false"]
+                 f"train.storage_path={tmp_path / 'runs'}", "tracking.enabled=false",
+                 "train.shared_fs=true"]  # the nodes are processes of this machine: one filesystem
         job_env = subprocess_env(RAY_ADDRESS=gcs, RAY_AUTH_MODE="token",
                                  RAY_API_SERVER_ADDRESS=f"http://127.0.0.1:{dashboard}")
         deadline = time.monotonic() + 120

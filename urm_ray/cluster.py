@@ -9,6 +9,9 @@ training run that sized itself from ``ray.cluster_resources()`` would find no GP
 ``--scale-up SECONDS`` (``urm-ray train/sweep/final``) the resources the run needs are first asked
 of the Ray autoscaler (``ray.autoscaler.sdk.request_resources``) and waited for; the request is
 withdrawn when the run ends, so idle nodes are released again.
+
+On a cluster of several nodes, ``check_reachable`` refuses a run or sweep whose data or
+checkpoints would be on one node's own disk.
 """
 
 from __future__ import annotations
@@ -92,6 +95,33 @@ def ray_train_defaults() -> None:
     """Ray Train settings for the ``TorchTrainer`` this process builds next, unless the user set
     them: Ray passes them from this process's environment to the run's controller and workers."""
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S)
+
+
+def node_count() -> int:
+    """Alive nodes of the Ray cluster this process joined."""
+    return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+
+def check_reachable(places: dict[str, tuple[str, str]], shared_fs: bool, grows: bool = False) -> None:
+    """Refuse, before any work, a local path that other nodes would need: on a cluster of more
+    than one node (or one that ``--scale-up`` is about to grow, ``grows``) a worker or trial on
+    another node cannot read this node's disk, and what it writes there is lost with its node.
+
+    ``places``: config key -> (its value, what lives there); ``shared_fs``: the user declared
+    that every node mounts this machine's folders at the same paths (``train.shared_fs``)."""
+    if shared_fs:
+        return
+    nodes = node_count()
+    if nodes <= 1 and not grows:
+        return
+    cluster = f"the cluster has {nodes} nodes" + (" and --scale-up adds more" if grows else "")
+    for key, (value, what) in places.items():
+        if "://" not in value:
+            raise ConfigError(
+                f"{key}={value}: {what} would be on this node's disk, which the other nodes cannot "
+                f"reach ({cluster}); expected an s3://bucket/prefix URL (a custom endpoint from "
+                f"$AWS_ENDPOINT_URL), or train.shared_fs=true if every node mounts {value} at that "
+                "path (NFS, EFS)")
 
 
 def holds(cluster: dict[str, float], bundles: list[Bundle]) -> bool:

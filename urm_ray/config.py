@@ -83,6 +83,10 @@ class TrainConfig:
     # Ray Train storage: a local folder, or s3://bucket/prefix (multi-node clusters need one that
     # every node reaches; a custom S3 endpoint such as MinIO comes from $AWS_ENDPOINT_URL)
     storage_path: str = "runs"
+    # whether every node of the cluster mounts this machine's folders at the same paths (NFS, EFS):
+    # on a cluster of several nodes a local data.path, train.storage_path or sweep folder is
+    # refused unless this is true; false expects s3:// URLs there
+    shared_fs: bool = False
     # custom Ray resources each worker asks for on top of CPU/GPU, e.g. {"ondemand_gpu": 1} to
     # keep a run on the node type that offers it (cluster/gpu.yaml)
     worker_resources: dict = field(default_factory=dict)

@@ -35,7 +35,7 @@ from ray.train import WorkerGroupError
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from urm_ray import heartbeat, tracking
-from urm_ray.cluster import init_ray, on_private_instance, ray_train_defaults, scaled_up
+from urm_ray.cluster import check_reachable, init_ray, on_private_instance, ray_train_defaults, scaled_up
 from urm_ray.config import RunConfig, dump_yaml, flatten
 from urm_ray.data import builtin, store, stream
 from urm_ray.data.store import DatasetMeta
@@ -50,6 +50,7 @@ from urm_ray.train.checkpoint import latest_local
 from urm_ray.train.hosts import ProcessHost, TrialHost, TuneFilter
 from urm_ray.train.live import Direct, Sender, watching
 from urm_ray.train.loop import run_loop, train_loop_per_worker
+from urm_ray.train.step import local_device
 from urm_ray.typed import to_dict
 
 logger = logging.getLogger(__name__)
@@ -150,16 +151,24 @@ def _alone(cfg: RunConfig) -> bool:
             and not cfg.train.worker_resources and "://" not in cfg.train.storage_path)
 
 
-def datasets(cfg: RunConfig) -> dict[str, Any]:
+def datasets(cfg: RunConfig, meta: DatasetMeta) -> dict[str, Any]:
     """The run's Ray Datasets: "train" (augmented on the fly) and "eval" (held-out originals)."""
-    eval_ds = stream.eval_dataset(cfg.data)
+    eval_ds = stream.eval_dataset(cfg.data, meta)
     if cfg.train.eval_max_rows:
         eval_ds = eval_ds.limit(cfg.train.eval_max_rows)
-    return {"train": stream.train_dataset(cfg.data), "eval": eval_ds}
+    return {"train": stream.train_dataset(cfg.data, meta), "eval": eval_ds}
 
 
-def build_trainer(cfg: RunConfig, run_id: str | None, gpu: bool, callbacks: list[Any] | None = None,
-                  inbox: Any = None) -> TorchTrainer:
+def check_nodes(cfg: RunConfig, grows: bool = False) -> None:
+    """On a cluster of several nodes, refuse data or checkpoints on this node's disk
+    (``cluster.check_reachable``)."""
+    check_reachable({"data.path": (cfg.data.path, "the dataset"),
+                     "train.storage_path": (cfg.train.storage_path, "the checkpoints")},
+                    cfg.train.shared_fs, grows)
+
+
+def build_trainer(cfg: RunConfig, meta: DatasetMeta, run_id: str | None, gpu: bool,
+                  callbacks: list[Any] | None = None, inbox: Any = None) -> TorchTrainer:
     """Ray Train's workers for the loop. ``callbacks``: Ray Train ``UserCallback``s, e.g. Tune's
     ``TuneReportCallback`` in a sweep; ``inbox``: where rank 0 sends its progress
     (``live.watching``), None: nowhere."""
@@ -169,7 +178,8 @@ def build_trainer(cfg: RunConfig, run_id: str | None, gpu: bool, callbacks: list
     ray_train_defaults()
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"config": to_dict(cfg), "run_id": run_id or "",
+        # the metadata travels with the config: a worker on another node reads only the data files
+        train_loop_config={"config": to_dict(cfg), "meta": meta, "run_id": run_id or "",
                            "tracking_uri": cfg.tracking.tracking_uri, "progress": inbox},
         torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=gpu,
@@ -181,7 +191,7 @@ def build_trainer(cfg: RunConfig, run_id: str | None, gpu: bool, callbacks: list
             failure_config=ray.train.FailureConfig(max_failures=cfg.train.max_failures),
             callbacks=callbacks or [],
         ),
-        datasets=datasets(cfg),
+        datasets=datasets(cfg, meta),
         # only "train" is split: Ray's equal split drops the rows that do not divide by the
         # worker count, so each rank reads all of "eval" and scores its share (`Loop._evaluate`)
         dataset_config=ray.train.DataConfig(datasets_to_split=["train"],
@@ -189,12 +199,13 @@ def build_trainer(cfg: RunConfig, run_id: str | None, gpu: bool, callbacks: list
     )
 
 
-def prepare(cfg: RunConfig) -> tuple[RunConfig, DatasetMeta]:
+def prepare(cfg: RunConfig, meta: DatasetMeta | None = None) -> tuple[RunConfig, DatasetMeta]:
     """The resolved config and its dataset's metadata, every check that needs no Ray done: a
-    missing or malformed dataset, a verifier or search the task lacks, unwritable storage."""
+    missing or malformed dataset, a verifier or search the task lacks, unwritable storage.
+    ``meta``: the metadata a sweep's driver read once for all its trials (None: read it here)."""
     logger.info("reading data %s", cfg.data.path)  # a builtin: dataset is built on first use
     cfg = resolve(cfg)
-    meta = stream.load_meta(cfg.data)
+    meta = meta or stream.load_meta(cfg.data)
     stream.warn_unused(cfg.data, meta)
     task = registry.of(meta)
     cfg.eval.own_views(task, stream.augmentation_slots(cfg.data))  # views beyond the puzzle table
@@ -218,6 +229,7 @@ def fit(
     scale_up_s: float = 0.0,
     verbose: bool = False,
     progress: Progress | None = None,
+    meta: DatasetMeta | None = None,
 ) -> FitResult:
     """Train (or resume) one run; returns its final metrics and checkpoint path.
 
@@ -228,9 +240,10 @@ def fit(
     Ray is started (or joined, with $RAY_ADDRESS) here unless the caller did; ``verbose`` shows
     its output. ``progress``: shows the steps while training and then the last phases (the final
     evaluation, the checkpoint saved and uploaded); its owner closes it once this returns (None:
-    nothing is shown). The setup phases are logged at INFO.
+    nothing is shown). The setup phases are logged at INFO. ``meta``: the dataset's metadata when
+    the caller read it (a sweep's driver, for its trials).
     """
-    cfg, meta = prepare(cfg)
+    cfg, meta = prepare(cfg, meta)
     resume.check(cfg)
     # Tune runs one attempt of a trial at a time and restores it after a failure: no lock, no heartbeat look
     in_tune = (tags or {}).get(KIND_TAG) in ("trial", "seed")
@@ -238,6 +251,7 @@ def fit(
         with tracking.store_opening(cfg.tracking.tracking_uri) if cfg.tracking.enabled else nullcontext():
             if not ray.is_initialized():  # a run that will train in this process needs no dashboard
                 init_ray(verbose=verbose, dashboard=bool(callbacks) or not _alone(cfg))
+        check_nodes(cfg, grows=scale_up_s > 0)
         if not in_tune:
             resume.refuse_if_beating(cfg)  # the store opened alongside Ray: no wait of its own
         with scaled_up(worker_bundles(cfg), scale_up_s):
@@ -270,7 +284,7 @@ def _fit(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None,
                 metrics, ckpt = _train_here(cfg, meta, run_id, gpu, progress)
             else:
                 with _watched(progress) as inbox:
-                    result = build_trainer(cfg, run_id, gpu, callbacks, inbox).fit()
+                    result = build_trainer(cfg, meta, run_id, gpu, callbacks, inbox).fit()
                 metrics, ckpt = dict(result.metrics or {}), result.checkpoint
     except BaseException as err:
         diverged = _record_failure(cfg, run_id, err, interrupted())
@@ -291,21 +305,23 @@ def _fit(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None,
 def _train_here(cfg: RunConfig, meta: DatasetMeta, run_id: str | None, gpu: bool,
                 progress: Progress | None) -> tuple[dict[str, Any], ray.train.Checkpoint | None]:
     """The loop in this process; returns the metrics reported with the last checkpoint, and it."""
-    host = ProcessHost(datasets(cfg), Path(cfg.train.storage_path) / cfg.train.run_name,
+    host = ProcessHost(datasets(cfg, meta), Path(cfg.train.storage_path) / cfg.train.run_name,
                        cfg.train.keep_checkpoints)
-    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    device = local_device("cuda" if gpu else "cpu")
     sender = Sender(None if progress is None else Direct(progress))
     run_loop(cfg, meta, host, device, make_tracker(cfg.tracking.tracking_uri, run_id or "", True), sender)
     return host.metrics, None if host.latest is None else ray.train.Checkpoint(str(host.latest))
 
 
-def fit_in_trial(cfg: RunConfig, tags: dict[str, str], params: dict[str, Any], to_tune: TuneFilter) -> None:
+def fit_in_trial(cfg: RunConfig, tags: dict[str, str], params: dict[str, Any], to_tune: TuneFilter,
+                 meta: DatasetMeta | None = None) -> None:
     """A sweep's one-worker trial, trained in its Tune trial actor through the same loop: it
-    reports to Tune and checkpoints through ``tune.report``; Tune retries and resumes it."""
-    cfg, meta = prepare(cfg)
+    reports to Tune and checkpoints through ``tune.report`` (to the sweep's Tune storage); Tune
+    retries and resumes it. ``meta``: as for ``fit``."""
+    cfg, meta = prepare(cfg, meta)
     run_id = open_mlflow_run(cfg, meta, tags, params)
-    host = TrialHost(datasets(cfg), to_tune)
-    device = torch.device("cuda", 0) if cfg.train.device == "cuda" else torch.device("cpu")
+    host = TrialHost(datasets(cfg, meta), to_tune)
+    device = local_device(cfg.train.device)
     try:
         with heartbeat.beating(cfg.tracking.tracking_uri, run_id):
             run_loop(cfg, meta, host, device, make_tracker(cfg.tracking.tracking_uri, run_id or "", True))
@@ -410,7 +426,7 @@ def open_mlflow_run(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | No
     profile = {"task": meta.task, "seq_len": meta.seq_len, "vocab_size": meta.vocab_size,
                "num_rows": splits}
     tracking.log_dataset(uri, run_id, Path(cfg.data.path).name, cfg.data.path,
-                         store.metadata_digest(cfg.data.path), profile)
+                         store.metadata_digest(meta), profile)
     return run_id
 
 

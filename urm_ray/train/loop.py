@@ -44,8 +44,9 @@ logger = logging.getLogger(__name__)
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
-    """Entry point of each Ray Train worker. ``loop_config``: the config dict, the MLflow run
-    id and URI, and the driver's progress inbox (None: nobody watches)."""
+    """Entry point of each Ray Train worker. ``loop_config``: the config dict, the dataset's
+    metadata as the driver read it, the MLflow run id and URI, and the driver's progress inbox
+    (None: nobody watches)."""
     cfg = build_config(loop_config["config"])
     host = WorkerHost()
     progress = Sender(loop_config["progress"] if host.rank == 0 else None)
@@ -55,7 +56,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     device = ray.train.torch.get_device()
     wrap = lambda model: ray.train.torch.prepare_model(  # noqa: E731
         model, move_to_device=device, parallel_strategy_kwargs={"broadcast_buffers": False})
-    run_loop(cfg, stream.load_meta(cfg.data), host, device, tracker, progress, wrap)
+    run_loop(cfg, loop_config["meta"], host, device, tracker, progress, wrap)
 
 
 def task_spec(cfg: RunConfig, meta: DatasetMeta) -> TaskSpec:

@@ -6,6 +6,8 @@
   the task's verifier), the model's KL term, and with prior match the prior decode trained
   towards labels matched one to one to the draws (``losses.guided_loss``).
 
+Which one a config trains is its family's ``FamilySpec.objective`` (urm_ray/models/registry.py).
+
 An objective has an eager part, the targets only a task can give (a verifier, a nearest search,
 the matching, all on the CPU), and a tensor part, ``loss``, that ``compiled`` hands to
 torch.compile whole::

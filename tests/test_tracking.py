@@ -52,6 +52,25 @@ def test_other_ranks_get_a_null_tracker(tmp_path: Path):
     assert isinstance(tracking.make_tracker("sqlite:///x.db", "", is_rank_zero=True), tracking.NullTracker)
 
 
+def test_a_worker_loads_neither_mlflow_nor_optuna_nor_dynamo_until_it_needs_them(tmp_path: Path):
+    """Every Ray Train worker of a run imports the loop afresh: a rank other than 0 never logs,
+    and rank 0 loads MLflow in its writer thread at the first write, not before its first step."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    run_id = tracking.open_run(uri, "e", "r", {})
+    worker = ("import sys; from urm_ray.train import loop; from urm_ray import tracking\n"
+              "heavy = ('mlflow', 'optuna', 'torch._dynamo')\n"
+              "other = tracking.make_tracker(sys.argv[1], sys.argv[2], is_rank_zero=False)\n"
+              "other.log({'train/lr': 1.0}, 1); other.close()\n"
+              "zero = tracking.make_tracker(sys.argv[1], sys.argv[2], is_rank_zero=True)\n"
+              "print([m for m in heavy if m in sys.modules])\n"
+              "zero.log({'train/lr': 1.0}, 1); zero.close()\n"
+              "print([m for m in heavy if m in sys.modules])\n")
+    out = subprocess.run([sys.executable, "-c", worker, uri, run_id], capture_output=True, text=True,
+                         timeout=300, check=True).stdout.split("\n")
+    assert out[:2] == ["[]", "['mlflow']"]
+    assert [m.step for m in MlflowClient(uri).get_metric_history(run_id, "train/lr")] == [1]
+
+
 def test_a_restarted_worker_logs_each_step_once(tmp_path: Path):
     """A run restored from its step-10 checkpoint after a crash at step 15 replays steps 11-15:
     MLflow keeps the first value of each step, and the steps after the crash are logged."""
@@ -136,9 +155,9 @@ def test_a_new_sqlite_store_is_created_by_one_command_at_a_time(tmp_path: Path):
     """While one command holds the store's creation lock, another waits before creating tables;
     four commands opening one new store at once all succeed."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    opener = ("import sys; from urm_ray import tracking\n"
+    opener = ("import sys; from mlflow import MlflowClient; from urm_ray import tracking\n"
               "with tracking.store_opening(sys.argv[1]): pass\n"
-              "print(len(tracking.MlflowClient(sys.argv[1]).search_experiments()))")
+              "print(len(MlflowClient(sys.argv[1]).search_experiments()))")
     with tracking.sqlite_creation_lock(uri):
         waiting = subprocess.Popen([sys.executable, "-c", opener, uri], stdout=subprocess.PIPE, text=True)
         time.sleep(3)  # long enough to import MLflow and create the tables, were it not waiting

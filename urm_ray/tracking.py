@@ -1,6 +1,7 @@
 """MLflow behind a small interface: ``log(metrics, step)``, ``log_artifact(path)``, ``close()``.
 
-The only module that imports mlflow. The driver opens (or re-opens, on resume) the run and
+The only module that imports mlflow, on first use: importing it takes seconds, and the ranks
+other than 0 never log (nor does a worker before its first report). The driver opens (or re-opens, on resume) the run and
 passes its id to the workers; rank 0 logs into it through a ``MlflowTracker``, every other rank
 gets a ``NullTracker``. The tracker writes from a thread of its own and rides out a tracking
 store that goes away for a while (``MlflowTracker``). Runs are found again by the tag
@@ -23,14 +24,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+import sys
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import requests
 
-from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
-from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+if TYPE_CHECKING:
+    from mlflow.entities import RunTag
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
 
 from urm_ray import outbox, redact
 from urm_ray.errors import TrackingUnavailable
@@ -96,7 +98,8 @@ def transient(err: BaseException) -> bool:
     errors, HTTP 5xx and 429, SQLite's "database is locked"), not refusing the request (4xx)."""
     if "database is locked" in str(err):
         return True
-    if isinstance(err, MlflowException):
+    errors = sys.modules.get("mlflow.exceptions")  # not loaded yet: no MLflow call has failed
+    if errors is not None and isinstance(err, errors.MlflowException):
         status = err.get_http_status_code()
         return status >= 500 or status == 429
     return isinstance(err, (ConnectionError, TimeoutError, requests.ConnectionError, requests.Timeout))
@@ -139,7 +142,8 @@ class MlflowTracker:
 
     def __init__(self, tracking_uri: str, run_id: str, step_key: str = "train/lr",
                  flush_limit_s: float = FLUSH_LIMIT_S) -> None:
-        self.client = MlflowClient(tracking_uri)
+        self.tracking_uri = tracking_uri
+        self._client: MlflowClient | None = None  # made at the first write, in the writer's thread
         self.run_id, self.step_key, self.flush_limit_s = run_id, step_key, flush_limit_s
         self.logged_until: int | None = None  # read from the store before the first write
         self._last_step = -1
@@ -186,6 +190,12 @@ class MlflowTracker:
         if unwritten:
             raise TrackingUnavailable(self._not_written(unwritten, limit))
 
+    @property
+    def client(self) -> MlflowClient:
+        if self._client is None:
+            self._client = _client(self.tracking_uri)
+        return self._client
+
     def _write(self, items: list[_Report | _Extra]) -> int:
         """Writes the leading reports (as many as one call takes), else the leading tags or
         artifact; returns how many items that was."""
@@ -206,6 +216,8 @@ class MlflowTracker:
                     reports and sum(len(r.metrics) for r in reports) + len(item.metrics) > _METRIC_LIMIT):
                 break
             reports.append(item)
+        from mlflow.entities import Metric
+
         batch = [Metric(k, v, r.timestamp_ms, r.step) for r in reports if r.step > self.logged_until
                  for k, v in r.metrics.items()]
         if batch:
@@ -237,7 +249,15 @@ def _log_artifact(client: MlflowClient, run_id: str, path: Path, artifact_path: 
 
 
 def _run_tags(tags: dict[str, str]) -> list[RunTag]:
+    from mlflow.entities import RunTag
+
     return [RunTag(k, redact.strip(str(v))) for k, v in tags.items()]
+
+
+def _client(tracking_uri: str) -> MlflowClient:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri)
 
 
 def retried(what: str, call: Callable[[], T], limit_s: float = FLUSH_LIMIT_S) -> T:
@@ -293,7 +313,7 @@ def store_opening(tracking_uri: str) -> Iterator[None]:
     def open_store() -> None:
         try:
             with sqlite_creation_lock(tracking_uri):
-                MlflowClient(tracking_uri).search_experiments(max_results=1)
+                _client(tracking_uri).search_experiments(max_results=1)
         except Exception:  # noqa: BLE001 (reported by the caller's own call)
             pass
 
@@ -313,7 +333,9 @@ def open_run(
     tags: dict[str, str] | None = None,
 ) -> str:
     """Create the MLflow run for ``run_name``, or reuse the one a previous attempt created."""
-    client = MlflowClient(tracking_uri)
+    from mlflow.entities import Param
+
+    client = _client(tracking_uri)
     experiment_id = _experiment_id(client, experiment)
     existing = find_run(client, experiment_id, run_name)
     if existing is not None:
@@ -328,7 +350,7 @@ def open_run(
 
 
 def close_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
-    MlflowClient(tracking_uri).set_terminated(run_id, status=status)
+    _client(tracking_uri).set_terminated(run_id, status=status)
 
 
 def find_run(client: MlflowClient, experiment_id: str, run_name: str) -> str | None:
@@ -341,6 +363,8 @@ def find_run(client: MlflowClient, experiment_id: str, run_name: str) -> str | N
 def _experiment_id(client: MlflowClient, name: str) -> str:
     """The experiment's id, created if missing, and marked as model training (``EXPERIMENT_KIND_TAG``)
     unless it already says what kind it is."""
+    from mlflow.exceptions import MlflowException
+
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         try:
@@ -377,10 +401,14 @@ def log_dataset(tracking_uri: str, run_id: str, name: str, path: str, digest: st
     MLflow checks whether the experiment has the dataset, then inserts it: two runs starting
     together on the same data (a sweep's concurrent trials) race, and the loser's insert breaks
     the dataset's unique key. That one retries, and then finds the dataset already there."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
     dataset = Dataset(name=name, digest=digest, source_type="local",
                       source=json.dumps({"uri": redact.strip(path)}), profile=json.dumps(profile))
     inputs = [DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, "training")])]
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     for attempt in range(_DATASET_ATTEMPTS):
         try:
             client.log_inputs(run_id, datasets=inputs)
@@ -417,27 +445,27 @@ class RunSummary:
 
 def find_run_id(tracking_uri: str, experiment: str, run_name: str) -> str | None:
     """The run a previous attempt created under ``run_name`` (tag ``urm_ray.run_name``)."""
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     return find_run(client, found.experiment_id, run_name) if found is not None else None
 
 
 def count_runs(tracking_uri: str, experiment: str) -> int:
     """How many runs (any state) the experiment holds; 0 when it does not exist."""
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     return len(client.search_runs([found.experiment_id], max_results=10000)) if found else 0
 
 
 def run_summary(tracking_uri: str, run_id: str) -> RunSummary:
-    run = MlflowClient(tracking_uri).get_run(run_id)
+    run = _client(tracking_uri).get_run(run_id)
     return RunSummary(run.info.run_id, run.info.run_name, run.info.status, dict(run.data.tags),
                       dict(run.data.params), dict(run.data.metrics))
 
 
 def child_runs(tracking_uri: str, experiment: str, parent_run_id: str) -> list[RunSummary]:
     """Runs whose ``mlflow.parentRunId`` is ``parent_run_id``, oldest first."""
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return []
@@ -454,7 +482,7 @@ def search_runs(tracking_uri: str, experiment: str = "", max_results: int = 1000
     """The runs of ``experiment`` (of every experiment when empty), newest first; ``top_level``:
     only runs that are nobody's child (a sweep's trials stay under their sweep), read a page at a
     time until ``max_results`` are found."""
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     names = {e.experiment_id: e.name for e in client.search_experiments()}
     ids = [i for i, name in names.items() if not experiment or name == experiment]
     found: list[RunSummary] = []
@@ -487,7 +515,7 @@ def ui_url(tracking_uri: str, experiment_id: str, run_id: str = "") -> str:
 
 def experiments_with_runs(tracking_uri: str, experiment: str = "") -> dict[str, str]:
     """Name -> id of the experiments (``experiment`` only, when given) that hold a run."""
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     return {e.name: e.experiment_id for e in client.search_experiments()
             if (not experiment or e.name == experiment)
             and client.search_runs([e.experiment_id], max_results=1)}
@@ -495,21 +523,21 @@ def experiments_with_runs(tracking_uri: str, experiment: str = "") -> dict[str, 
 
 def run_ui_url(tracking_uri: str, run_id: str, experiment: bool = False) -> str:
     """``ui_url`` of one run (``experiment``: of the runs of its experiment, e.g. a sweep's trials)."""
-    run = MlflowClient(tracking_uri).get_run(run_id)
+    run = _client(tracking_uri).get_run(run_id)
     return ui_url(tracking_uri, run.info.experiment_id, "" if experiment else run_id)
 
 
 def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     """(step, value) of every logged value of ``key``, in logging order."""
-    return [(m.step, m.value) for m in MlflowClient(tracking_uri).get_metric_history(run_id, key)]
+    return [(m.step, m.value) for m in _client(tracking_uri).get_metric_history(run_id, key)]
 
 
 def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
-    MlflowClient(tracking_uri).log_batch(run_id, tags=_run_tags(tags))
+    _client(tracking_uri).log_batch(run_id, tags=_run_tags(tags))
 
 
 def delete_tags(tracking_uri: str, run_id: str, keys: list[str]) -> None:
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     tags = client.get_run(run_id).data.tags
     for key in keys:
         if key in tags:
@@ -518,7 +546,9 @@ def delete_tags(tracking_uri: str, run_id: str, keys: list[str]) -> None:
 
 def log_metrics(tracking_uri: str, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
     """Logs at once, unless the run already logged ``step`` (as ``MlflowTracker`` does)."""
-    client = MlflowClient(tracking_uri)
+    from mlflow.entities import Metric
+
+    client = _client(tracking_uri)
     if step > _logged_until(client, run_id):
         now = int(time.time() * 1000)
         client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
@@ -526,7 +556,7 @@ def log_metrics(tracking_uri: str, run_id: str, metrics: dict[str, float], step:
 
 def log_artifact(tracking_uri: str, run_id: str, path: str | Path,
                  artifact_path: str | None = None) -> None:
-    _log_artifact(MlflowClient(tracking_uri), run_id, Path(path), artifact_path)
+    _log_artifact(_client(tracking_uri), run_id, Path(path), artifact_path)
 
 
 def register_torch_model(tracking_uri: str, run_id: str, model: Any, registered_name: str,
@@ -544,7 +574,7 @@ def register_torch_model(tracking_uri: str, run_id: str, model: Any, registered_
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "urm_ray"],
             metadata=tags,
         )
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     version = info.registered_model_version
     for key, value in tags.items():
         client.set_model_version_tag(registered_name, str(version), key, value)

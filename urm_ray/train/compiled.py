@@ -22,6 +22,16 @@ Shapes: one graph per shape, and no more shapes than these.
   still its own graph (Dynamo specialises size 1). Settings the core reads in Python (test-time
   ``loops`` and ``noise``, GRAM's sampling temperature) make one graph each.
 
+Inside DDP (several workers), the compiled core stays one graph: Dynamo's DDP optimizer is off
+(``optimize_ddp=False``). That optimizer splits the graph where a gradient bucket's parameters
+are first used, so that a bucket's all-reduce starts while the backward of earlier layers still
+runs. A looped model shares its block's weights across every loop, so no bucket's gradient is
+complete before the backward of the first loop, at the end: the split overlaps nothing and only
+cuts the graph into pieces (at the no-grad truncation loop too, where the shared weights are
+first used), and it refuses DDP buckets smaller than its first bucket. With it off, DDP's own
+reducer all-reduces the gradients as the one backward graph hands them over; the all-reduce
+averages exactly as eager DDP does (tests/test_ddp_compile.py).
+
 A fallback is loud: ``compile_model`` sets Dynamo's ``fail_on_recompile_limit_hit``, so a
 function that recompiles past ``recompile_limit`` raises instead of running eagerly from then on.
 A process that builds many models one after the other (a reused Tune trial actor) resets Dynamo
@@ -36,8 +46,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import torch
-import torch._dynamo
+import torch  # torch._dynamo loads on first use: seconds that a step never compiled need not pay
 from torch import Tensor, nn
 
 CompileSetting = bool | Literal["auto"]
@@ -52,6 +61,7 @@ def compile_model(model: nn.Module) -> nn.Module:
     """Replace ``model.core`` by its compiled version, in place; returns the model. In eval mode
     the batch dimension of the core's tensors is marked dynamic (one graph for every eval batch)."""
     torch._dynamo.config.fail_on_recompile_limit_hit = True
+    torch._dynamo.config.optimize_ddp = False  # one graph inside DDP too (see the module docstring)
     compiled = torch.compile(model.core, dynamic=False)
 
     def core(state: dict[str, Tensor], x: Tensor, labels: Tensor) -> Any:

@@ -48,6 +48,31 @@ def ray_local():
 
 
 @pytest.fixture(scope="session")
+def sudoku_data(tmp_path_factory):
+    """Factory for a generated 4x4 Sudoku dataset, built once per pytest session for each set of
+    arguments and shared by every test that asks for the same one: tests read it, never write it."""
+    from urm_ray.data.tasks import sudoku
+
+    built: dict[tuple, Path] = {}
+
+    def make(num_train: int = 64, num_test: int = 8, blanks: int = 6, seed: int = 1) -> Path:
+        key = (num_train, num_test, blanks, seed)
+        if key not in built:
+            out = tmp_path_factory.mktemp("sudoku4") / "sudoku4"
+            sudoku.build_generated(out, size=4, num_train=num_train, num_test=num_test, blanks=blanks, seed=seed)
+            built[key] = out
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def sudoku4(sudoku_data) -> Path:
+    """The small 4x4 Sudoku dataset most training tests run on (64 train, 8 test puzzles)."""
+    return sudoku_data()
+
+
+@pytest.fixture(scope="session")
 def postgres_server():
     """A private PostgreSQL server on 127.0.0.1 for the whole pytest session (tests/postgres.py:
     its own port and data folder; as root, run as the ``postgres`` system user), with password

@@ -25,6 +25,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from test_cluster import free_port, stop_group, subprocess_env
+from tiny import RUN
 
 pytestmark = pytest.mark.slow
 
@@ -32,11 +33,8 @@ BUCKET = "urm-ray-test"
 FAKE_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1"}
 BIN = Path(sys.executable).parent
-TINY_RUN = ["model.hidden_size=16", "model.num_heads=2", "model.num_layers=1", "model.loops=2",
-            "model.truncation=1", "model.max_segments=2", "model.expansion=1.0",
-            "train.num_workers=2", "train.cpus_per_worker=0.5", "train.torch_threads=1",
-            "train.global_batch_size=16", "train.log_every=2", "train.checkpoint_every=4",
-            "train.eval_every=0", "train.eval_max_rows=17", "optim.warmup_steps=1",
+TINY_RUN = [*RUN, "train.num_workers=2", "train.cpus_per_worker=0.5", "train.global_batch_size=16",
+            "train.log_every=2", "train.checkpoint_every=4", "train.eval_max_rows=17",
             "tracking.experiment=cloud", "train.run_name=s3-resume"]
 
 
@@ -119,13 +117,10 @@ def summary(proc: subprocess.Popen, timeout: float = 420) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(s3, mlflow_server, tmp_path_factory):
+def runs(s3, mlflow_server, sudoku_data):
     """4 steps with a checkpoint, then the same run name to 8 steps: both on S3 and the server;
     and the same 8 steps under another name, uninterrupted."""
-    from urm_ray.data.tasks import sudoku
-
-    data = tmp_path_factory.mktemp("data") / "sudoku4"
-    sudoku.build_generated(data, size=4, num_train=64, num_test=17, blanks=6, seed=1)
+    data = sudoku_data(num_test=17)
     # No tracking.tracking_uri: the run must find the server through MLFLOW_TRACKING_URI.
     env = subprocess_env(**FAKE_AWS, AWS_ENDPOINT_URL=s3, MLFLOW_TRACKING_URI=mlflow_server,
                          RAY_ADDRESS="local")

@@ -186,10 +186,8 @@ def test_data_config_validation():
 
 
 @pytest.fixture(scope="module")
-def sudoku4(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "sudoku4"
-    sudoku.build_generated(path, size=4, num_train=40, num_test=12, blanks=8, seed=0)
-    return path
+def sudoku4(sudoku_data):
+    return sudoku_data(num_train=40, num_test=12, blanks=8, seed=0)
 
 
 def _collect(batches) -> dict[str, torch.Tensor]:

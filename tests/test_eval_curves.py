@@ -10,7 +10,6 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from urm_ray.config import load_config
-from urm_ray.data.tasks import sudoku
 from urm_ray.eval.offline import evaluate_checkpoint, evaluate_testtime_checkpoint, log_testtime
 from urm_ray.eval.config import EvalConfig
 from urm_ray.train.driver import fit
@@ -19,10 +18,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, ray_local) -> tuple[Path, str, dict]:
+def trained(tmp_path_factory, ray_local, sudoku_data) -> tuple[Path, str, dict]:
     root = tmp_path_factory.mktemp("curves")
-    data = root / "sudoku4"
-    sudoku.build_generated(data, size=4, num_train=300, num_test=40, blanks=8, seed=1)
+    data = sudoku_data(num_train=300, num_test=40, blanks=8)
     uri = f"sqlite:///{root / 'mlflow.db'}"
     cfg = load_config("sudoku4-urm", [
         f"data.path={data}", f"train.storage_path={root / 'runs'}", f"tracking.tracking_uri={uri}",

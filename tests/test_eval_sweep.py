@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from urm_ray.config import load_config
-from urm_ray.data.tasks import nqueens, sudoku
+from urm_ray.data.tasks import nqueens
 from urm_ray.errors import ConfigError
 from urm_ray.train.driver import fit
 from urm_ray.tune.sweep import create_sweep, run_sweep
@@ -43,10 +43,9 @@ def _space(checkpoint: str, **changes) -> dict:
 
 
 @pytest.fixture(scope="module")
-def swept(tmp_path_factory, ray_local):
+def swept(tmp_path_factory, ray_local, sudoku_data):
     root = tmp_path_factory.mktemp("evalsweep")
-    data = root / "sudoku4"
-    sudoku.build_generated(data, size=4, num_train=300, num_test=40, blanks=8, seed=1)
+    data = sudoku_data(num_train=300, num_test=40, blanks=8)
     uri = f"sqlite:///{root / 'mlflow.db'}"
     trained = fit(load_config("sudoku4-urm", [
         f"data.path={data}", f"train.storage_path={root / 'runs'}", f"tracking.tracking_uri={uri}",

@@ -18,48 +18,32 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from urm_ray import cluster
-from urm_ray.config import load_config
-from urm_ray.data.tasks import sudoku
 from urm_ray.errors import ConfigError
 from urm_ray.train import checkpoint
 from urm_ray.train.driver import fit, runs_in_process
 
-TINY = ["model.hidden_size=16", "model.num_heads=2", "model.num_layers=1", "model.loops=2",
-        "model.truncation=1", "model.max_segments=2", "model.expansion=1.0", "train.torch_threads=1",
-        "train.global_batch_size=8", "train.log_every=2", "train.checkpoint_every=2",
-        "train.eval_every=0", "train.eval_max_rows=8", "optim.warmup_steps=1"]
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "sudoku4"
-    sudoku.build_generated(out, size=4, num_train=64, num_test=8, blanks=6, seed=1)
-    return out
-
+from tiny import run_config
 
 def _config(tmp_path: Path, data: Path, *overrides: str):
-    return load_config("sudoku4-urm", [
-        *TINY, f"data.path={data}", f"train.storage_path={tmp_path / 'runs'}",
-        f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", "tracking.experiment=local",
-        *overrides])
+    return run_config(data, tmp_path, "local", "train.log_every=2", "train.checkpoint_every=2", *overrides)
 
 
-def test_auto_runs_in_process_only_where_nothing_else_changes(ray_local, tmp_path: Path, data: Path,
+def test_auto_runs_in_process_only_where_nothing_else_changes(ray_local, tmp_path: Path, sudoku4: Path,
                                                               monkeypatch):
-    assert runs_in_process(_config(tmp_path, data))
+    assert runs_in_process(_config(tmp_path, sudoku4))
     for other in (["train.num_workers=2"], ["train.max_failures=1"], ["train.worker_resources={slot: 1}"],
                   ["train.storage_path=s3://bucket/runs"], ["train.in_process=false"]):
-        assert not runs_in_process(_config(tmp_path, data, *other)), other
+        assert not runs_in_process(_config(tmp_path, sudoku4, *other)), other
     monkeypatch.setattr(cluster, "_private_gcs", "127.0.0.1:1")  # a cluster this process joined
-    assert not runs_in_process(_config(tmp_path, data))
-    assert runs_in_process(_config(tmp_path, data, "train.in_process=true"))
+    assert not runs_in_process(_config(tmp_path, sudoku4))
+    assert runs_in_process(_config(tmp_path, sudoku4, "train.in_process=true"))
 
 
-def test_in_process_true_where_it_cannot_work_is_refused(tmp_path: Path, data: Path):
+def test_in_process_true_where_it_cannot_work_is_refused(tmp_path: Path, sudoku4: Path):
     with pytest.raises(ConfigError, match="train.in_process=true.*num_workers=1 \\(got 2\\)"):
-        _config(tmp_path, data, "train.in_process=true", "train.num_workers=2")
+        _config(tmp_path, sudoku4, "train.in_process=true", "train.num_workers=2")
     with pytest.raises(ConfigError, match="local train.storage_path \\(got 's3://bucket/runs'\\)"):
-        _config(tmp_path, data, "train.in_process=true", "train.storage_path=s3://bucket/runs")
+        _config(tmp_path, sudoku4, "train.in_process=true", "train.storage_path=s3://bucket/runs")
 
 
 def _weights(path: str) -> dict[str, torch.Tensor]:
@@ -67,11 +51,11 @@ def _weights(path: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_an_in_process_run_resumes_exactly_on_either_path(ray_local, tmp_path: Path, data: Path):
-    straight = fit(_config(tmp_path, data, "train.steps=8", "train.run_name=straight"))
-    first = fit(_config(tmp_path, data, "train.steps=4", "train.run_name=cut"))
+def test_an_in_process_run_resumes_exactly_on_either_path(ray_local, tmp_path: Path, sudoku4: Path):
+    straight = fit(_config(tmp_path, sudoku4, "train.steps=8", "train.run_name=straight"))
+    first = fit(_config(tmp_path, sudoku4, "train.steps=4", "train.run_name=cut"))
     assert first.checkpoint_path and Path(first.checkpoint_path).parent == tmp_path / "runs" / "cut"
-    resumed = fit(_config(tmp_path, data, "train.steps=8", "train.run_name=cut"))
+    resumed = fit(_config(tmp_path, sudoku4, "train.steps=8", "train.run_name=cut"))
     assert resumed.metrics["step"] == 8 and resumed.mlflow_run_id == first.mlflow_run_id
     for name, value in _weights(straight.checkpoint_path).items():
         assert torch.equal(_weights(resumed.checkpoint_path)[name], value), name
@@ -85,8 +69,8 @@ def test_an_in_process_run_resumes_exactly_on_either_path(ray_local, tmp_path: P
     assert client.get_run(resumed.mlflow_run_id).info.status == "FINISHED"
 
     # begun in this process, resumed by a Ray Train worker actor from the same folder
-    fit(_config(tmp_path, data, "train.steps=4", "train.run_name=moved"))
-    moved = fit(_config(tmp_path, data, "train.steps=8", "train.run_name=moved", "train.in_process=false"))
+    fit(_config(tmp_path, sudoku4, "train.steps=4", "train.run_name=moved"))
+    moved = fit(_config(tmp_path, sudoku4, "train.steps=8", "train.run_name=moved", "train.in_process=false"))
     assert moved.metrics["step"] == 8
     for name, value in _weights(straight.checkpoint_path).items():
         assert torch.equal(_weights(moved.checkpoint_path)[name], value), name

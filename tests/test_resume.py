@@ -24,33 +24,18 @@ from mlflow.tracking import MlflowClient
 
 from urm_ray import tracking
 from urm_ray.config import load_config
-from urm_ray.data.tasks import sudoku
 from urm_ray.errors import ConfigError
 from urm_ray.runs import list_runs
 from urm_ray.tracking import DRIVER_TAG, HEARTBEAT_TAG, KIND_TAG
 from urm_ray.train import checkpoint, resume
 from urm_ray.train.driver import fit
 
+from tiny import run_config
 from test_cloud import BUCKET, FAKE_AWS, s3  # noqa: F401 (the moto S3 server fixture)
 
-TINY = ["model.hidden_size=16", "model.num_heads=2", "model.num_layers=1", "model.loops=2",
-        "model.truncation=1", "model.max_segments=2", "model.expansion=1.0", "train.torch_threads=1",
-        "train.global_batch_size=8", "train.log_every=2", "train.checkpoint_every=2",
-        "train.eval_every=0", "train.eval_max_rows=8", "optim.warmup_steps=1", "train.steps=2"]
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "sudoku4"
-    sudoku.build_generated(out, size=4, num_train=64, num_test=8, blanks=6, seed=1)
-    return out
-
-
 def _config(tmp_path: Path, data: Path, *overrides: str):
-    return load_config("sudoku4-urm", [
-        *TINY, f"data.path={data}", f"train.storage_path={tmp_path / 'runs'}",
-        f"tracking.tracking_uri={_uri(tmp_path)}", "tracking.experiment=resume",
-        "train.run_name=r", *overrides])
+    return run_config(data, tmp_path, "resume", "train.log_every=2", "train.checkpoint_every=2",
+                      "train.steps=2", "train.run_name=r", *overrides)
 
 
 def _uri(tmp_path: Path) -> str:
@@ -61,13 +46,13 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_a_resume_may_raise_the_step_count_but_not_change_the_model(ray_local, tmp_path: Path, data: Path):
-    first = fit(_config(tmp_path, data))
+def test_a_resume_may_raise_the_step_count_but_not_change_the_model(ray_local, tmp_path: Path, sudoku4: Path):
+    first = fit(_config(tmp_path, sudoku4))
     before = _files(tmp_path / "runs" / "r")
     client = MlflowClient(_uri(tmp_path))
     run = client.get_run(first.mlflow_run_id)
     with pytest.raises(ConfigError) as refused:
-        fit(_config(tmp_path, data, "model.hidden_size=32", "train.steps=4"))
+        fit(_config(tmp_path, sudoku4, "model.hidden_size=32", "train.steps=4"))
     message = str(refused.value)
     assert "train.run_name=r resumes from " in message and first.checkpoint_path in message
     assert "model.hidden_size: saved 16, now 32" in message
@@ -78,7 +63,7 @@ def test_a_resume_may_raise_the_step_count_but_not_change_the_model(ray_local, t
     assert after.info.status == "FINISHED" and after.info.end_time == run.info.end_time
     assert after.data.tags == run.data.tags  # not reopened
 
-    resumed = fit(_config(tmp_path, data, "train.steps=4"))
+    resumed = fit(_config(tmp_path, sudoku4, "train.steps=4"))
     assert resumed.metrics["step"] == 4 and resumed.mlflow_run_id == first.mlflow_run_id
     saved = checkpoint.load_config_dict(Path(resumed.checkpoint_path))
     assert saved["train"]["steps"] == 4 and saved["model"]["hidden_size"] == 16
@@ -112,14 +97,14 @@ def _holding_lock(folder: Path) -> subprocess.Popen:
     return proc
 
 
-def test_a_run_training_elsewhere_is_refused(ray_local, tmp_path: Path, data: Path):
+def test_a_run_training_elsewhere_is_refused(ray_local, tmp_path: Path, sudoku4: Path):
     import socket
 
     other = _holding_lock(tmp_path / "runs" / "r")
     try:
         run_id = _running(tmp_path, 10, f"{socket.gethostname()}:{other.pid}")
         with pytest.raises(ConfigError) as refused:
-            fit(_config(tmp_path, data))
+            fit(_config(tmp_path, sudoku4))
     finally:
         other.stdin.close()
         other.wait(timeout=30)
@@ -132,30 +117,30 @@ def test_a_run_training_elsewhere_is_refused(ray_local, tmp_path: Path, data: Pa
     # the lock released (its holder ended), a fresh beat from another host still refuses
     tracking.set_tags(_uri(tmp_path), run_id, {DRIVER_TAG: "elsewhere:123"})
     with pytest.raises(ConfigError, match="training now on elsewhere, pid 123"):
-        fit(_config(tmp_path, data))
+        fit(_config(tmp_path, sudoku4))
 
 
-def test_a_lost_driver_does_not_hold_its_run(ray_local, tmp_path: Path, data: Path):
+def test_a_lost_driver_does_not_hold_its_run(ray_local, tmp_path: Path, sudoku4: Path):
     """A stale heartbeat (another host's driver): the run trains on, in the same MLflow run. A
     fresh one whose driver process on this host is gone does not hold it either."""
     import socket
 
     run_id = _running(tmp_path, 2 * 300 + 60, "elsewhere:123")
-    result = fit(_config(tmp_path, data))
+    result = fit(_config(tmp_path, sudoku4))
     assert result.mlflow_run_id == run_id and result.metrics["step"] == 2
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
     _running(tmp_path, 5, f"{socket.gethostname()}:{gone.stdout.strip()}")
-    cfg = _config(tmp_path, data)
+    cfg = _config(tmp_path, sudoku4)
     with resume.locked(cfg):
         resume.refuse_if_beating(cfg)
         assert (tmp_path / "runs" / "r" / resume.LOCK_FILE).read_text().strip() == resume.this_driver()
 
 
-def test_a_sweep_trial_restarts_whatever_its_heartbeat(ray_local, tmp_path: Path, data: Path):
+def test_a_sweep_trial_restarts_whatever_its_heartbeat(ray_local, tmp_path: Path, sudoku4: Path):
     """Tune restores a failed trial at once: its run's heartbeat from the failed attempt is fresh."""
     run_id = _running(tmp_path, 5, "elsewhere:123")
-    result = fit(_config(tmp_path, data), tags={KIND_TAG: "trial"})
+    result = fit(_config(tmp_path, sudoku4), tags={KIND_TAG: "trial"})
     assert result.mlflow_run_id == run_id and result.metrics["step"] == 2
 
 

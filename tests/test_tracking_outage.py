@@ -27,7 +27,6 @@ from mlflow.tracking import MlflowClient
 
 from urm_ray import heartbeat, tracking
 from urm_ray.config import load_config
-from urm_ray.data.tasks import sudoku
 from urm_ray.errors import TrackingUnavailable
 from urm_ray.progress import Progress
 from urm_ray.tracking import CHECKPOINT_TAG, MlflowTracker
@@ -35,12 +34,10 @@ from urm_ray.train.driver import fit, runs_in_process
 
 from test_cloud import Server
 from test_cluster import free_port
+from tiny import RUN
 
 STEPS, DOWN_AT, DOWN_S = 12, 3, 30.0
-TINY = ["model.hidden_size=16", "model.num_heads=2", "model.num_layers=1", "model.loops=2",
-        "model.truncation=1", "model.max_segments=2", "model.expansion=1.0", "train.torch_threads=1",
-        "train.global_batch_size=8", "train.log_every=1", "train.checkpoint_every=0",
-        "train.eval_every=0", "train.eval_max_rows=8", "optim.warmup_steps=1", f"train.steps={STEPS}"]
+TINY = [*RUN, "train.log_every=1", "train.checkpoint_every=0", f"train.steps={STEPS}"]
 
 
 @pytest.fixture(autouse=True)
@@ -90,9 +87,9 @@ class Outage(Progress):
 
 
 @pytest.mark.slow
-def test_a_run_outlives_its_tracking_server_and_logs_every_step_once(ray_local, tmp_path: Path, caplog):
-    data = tmp_path / "sudoku4"
-    sudoku.build_generated(data, size=4, num_train=64, num_test=8, blanks=6, seed=1)
+def test_a_run_outlives_its_tracking_server_and_logs_every_step_once(ray_local, tmp_path: Path, sudoku4: Path,
+                                                                     caplog):
+    data = sudoku4
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     outage = Outage(start_server(tmp_path, port), tmp_path, port)

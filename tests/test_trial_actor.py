@@ -10,15 +10,12 @@ import signal
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 import yaml
 from mlflow.tracking import MlflowClient
 from ray import tune
 
-from urm_ray.cluster import init_ray
 from urm_ray.config import build_config
-from urm_ray.data.tasks import sudoku
 from urm_ray.tracking import CHECKPOINT_TAG
 from urm_ray.train import checkpoint
 from urm_ray.train.driver import fit
@@ -56,20 +53,8 @@ class KillActorOnce(tune.Callback):
             os.kill(result["pid"], signal.SIGKILL)
 
 
-@pytest.fixture(scope="module")
-def ray_two_cpus():
-    if ray.is_initialized():
-        yield
-        return
-    init_ray(num_cpus=2)
-    yield
-    ray.shutdown()
-    os.environ.pop("RAY_API_SERVER_ADDRESS", None)
-
-
-def test_a_killed_trial_actor_is_retried_from_its_checkpoint_bit_for_bit(ray_two_cpus, tmp_path: Path):
-    data = tmp_path / "sudoku4"
-    sudoku.build_generated(data, size=4, num_train=300, num_test=32, blanks=8, seed=1)
+def test_a_killed_trial_actor_is_retried_from_its_checkpoint_bit_for_bit(ray_local, sudoku_data, tmp_path: Path):
+    data = sudoku_data(num_train=300, num_test=32, blanks=8)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE, sort_keys=False))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     info, space = create_sweep(str(tmp_path / "space.yaml"), [f"data.path={data}", f"tracking.tracking_uri={uri}"],

@@ -25,9 +25,7 @@ from optuna.trial import TrialState
 from ray import tune
 
 from urm_ray.cli import main
-from urm_ray.cluster import init_ray
 from urm_ray.config import load_config
-from urm_ray.data.tasks import sudoku
 from urm_ray.tune.best import final
 from urm_ray.tune.sweep import create_sweep, load_sweep, run_sweep
 
@@ -90,23 +88,9 @@ class FaultOnce(tune.Callback):
 
 
 @pytest.fixture(scope="module")
-def ray_sweep():
-    """The test run's Ray instance if a test already started one; else a private 2-CPU one whose
-    State API address is pinned (see ``init_ray``: other Ray instances on this machine)."""
-    if ray.is_initialized():
-        yield
-        return
-    init_ray(num_cpus=2)
-    yield
-    ray.shutdown()
-    os.environ.pop("RAY_API_SERVER_ADDRESS", None)
-
-
-@pytest.fixture(scope="module")
-def sweep(ray_sweep, tmp_path_factory):
+def sweep(ray_local, sudoku_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("sweeps")
-    data = root / "sudoku4"
-    sudoku.build_generated(data, size=4, num_train=300, num_test=64, blanks=8, seed=1)
+    data = sudoku_data(num_train=300, num_test=64, blanks=8)
     (root / "tiny.yaml").write_text(yaml.safe_dump(SPACE, sort_keys=False))
     uri = f"sqlite:///{root / 'mlflow.db'}"
     info, space = create_sweep(str(root / "tiny.yaml"), [f"data.path={data}", f"tracking.tracking_uri={uri}"],

@@ -4,6 +4,7 @@ invert -> vote loop with stand-in models whose answers we choose (right, partly 
 import json
 from pathlib import Path
 from types import SimpleNamespace
+import warnings
 
 import numpy as np
 import pytest
@@ -243,3 +244,16 @@ def test_the_moved_views_key_names_its_new_place(dataset):
         load_config("sudoku4-urm", [f"data.path={dataset}", "train.eval_arc_views=4"])
     # the value that meant "off", as every checkpoint saved before the move holds it, still loads
     assert not load_config("sudoku4-urm", [f"data.path={dataset}", "train.eval_arc_views=0"]).eval.views
+
+
+def test_views_without_an_own_score_or_curves_warn(sudoku4, tmp_path):
+    """On a task scored on one view, eval.views acts only through the test-time curves."""
+    from urm_ray.config import load_config
+    from urm_ray.train.driver import prepare
+
+    args = [f"data.path={sudoku4}", f"train.storage_path={tmp_path}", "eval.views=true", "eval.width=4"]
+    with pytest.warns(UserWarning, match="eval.views=true has no effect on sudoku data without train.eval_curves"):
+        prepare(load_config("sudoku4-urm", args))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prepare(load_config("sudoku4-urm", [*args, "train.eval_curves=true"]))

@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from urm_ray.config import RunConfig
+from urm_ray.data import stream
 from urm_ray.data.augment import TransformFn
 from urm_ray.data.store import DatasetMeta
-from urm_ray.data import stream
 from urm_ray.data.tasks import registry
 from urm_ray.data.tasks.task import Scoring
 from urm_ray.data.tasks.verify import optional_verifier

@@ -213,7 +213,7 @@ def prepare(cfg: RunConfig, meta: DatasetMeta | None = None) -> tuple[RunConfig,
         warnings.warn(f"eval.views=true has no effect on {meta.task} data without train.eval_curves: the "
                       "task has no score of its own voted over views", stacklevel=3)
     if cfg.train.eval_curves:
-        cfg.eval.check_task(registry.of(meta))
+        cfg.eval.check_task(task)
     logger.info("data: %s", ", ".join(f"{name} {split.num_rows} rows"
                                       for name, split in meta.splits.items()))
     objective_for(cfg, meta)

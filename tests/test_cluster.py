@@ -251,6 +251,55 @@ def test_job_submit_leaves_out_what_runs_write(tmp_path):
     assert not set(written) & set(seen), seen
 
 
+CHECK_GPUS = ROOT / "cluster" / "check_gpus.sh"
+
+
+def test_workers_check_their_gpus_before_ray_starts(cluster_config):
+    """Every worker runs cluster/check_gpus.sh (copied there by file_mounts) after `ray stop` and
+    before `ray start`; Ray's updater stops at the first command that fails."""
+    assert cluster_config["file_mounts"]["/home/ray/check_gpus.sh"] == "cluster/check_gpus.sh"
+    commands = cluster_config["worker_start_ray_commands"]
+    check = commands.index("sh ~/check_gpus.sh")
+    assert check < next(i for i, c in enumerate(commands) if "ray start" in c)
+    assert commands.index("ray stop") < check
+
+
+def _fake_bin(folder: Path, gpus_listed: int, gpus_torch: int | None) -> dict[str, str]:
+    """PATH with an ``nvidia-smi`` listing ``gpus_listed`` GPUs, and a ``python`` whose PyTorch
+    counts ``gpus_torch`` (None: this interpreter, whose CPU PyTorch sees none)."""
+    folder.mkdir()
+    lines = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})\\n" for i in range(gpus_listed))
+    (folder / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '{lines}'\n")
+    if gpus_torch is not None:
+        (folder / "python").write_text(f"#!/bin/sh\necho {gpus_torch}\n")
+    else:
+        (folder / "python").symlink_to(sys.executable)
+    for tool in folder.iterdir():
+        tool.chmod(0o755)
+    return {"PATH": f"{folder}:/usr/bin:/bin"}
+
+
+@pytest.mark.parametrize(("listed", "torch_sees", "advertised", "starts"), [
+    (8, 8, 8, True),      # the 8-GPU node type, every GPU visible
+    (1, 1, 1, True),      # a spot node
+    (0, 0, 0, True),      # the head or a CPU node: nothing to check
+    (7, 7, 8, False),     # a GPU lost
+    (0, 0, 1, False),     # the container started without the NVIDIA runtime
+    (1, None, 1, False),  # the driver lists it, PyTorch (here: CPU PyTorch) cannot use it
+])
+def test_gpu_check_refuses_a_node_that_sees_fewer_gpus(tmp_path: Path, listed, torch_sees, advertised, starts):
+    types = yaml.safe_load(CLUSTER_YAML.read_text())["available_node_types"]
+    resources = next((t["resources"] for t in types.values() if t["resources"].get("GPU", 0) == advertised),
+                     {"CPU": 8, "GPU": advertised})
+    env = {**_fake_bin(tmp_path / "bin", listed, torch_sees), "RAY_OVERRIDE_RESOURCES": json.dumps(resources)}
+    result = subprocess.run(["sh", str(CHECK_GPUS)], env=env, capture_output=True, text=True)
+    assert (result.returncode == 0) == starts, result.stdout + result.stderr
+    if not starts:
+        assert f"advertises GPU: {advertised}" in result.stderr and "Ray is not started" in result.stderr
+    # an explicit count wins over the autoscaler's
+    assert subprocess.run(["sh", str(CHECK_GPUS), str(listed)], env=env).returncode == (0 if torch_sees == listed or listed == 0 else 1)
+
+
 def test_images_storage_and_mlflow(cluster_config):
     docker = cluster_config["docker"]
     assert docker["head_image"].endswith("-cpu") and docker["worker_image"].endswith("-gpu")

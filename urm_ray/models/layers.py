@@ -121,9 +121,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
     On CPU: plain attention below ``PLAIN_ATTENTION_BELOW`` positions (it keeps the [B, H, T, T]
     probabilities for backward, which flash attention recomputes); and under bf16 autocast, in
-    float32: PyTorch's CPU flash attention (forward and backward) in bf16 took 3.2x the float32
-    time at head size 16 and 2.1x at 64 (2 threads, AVX512 with BF16), while the matmuls around it
-    run 3-4x faster in bf16. Elsewhere PyTorch's fused kernels (flash or memory-efficient).
+    float32: PyTorch's CPU flash attention is slower in bf16 than in float32, while the matmuls
+    around it are faster in bf16 (docs/benchmarks.md, "Training throughput"). Elsewhere PyTorch's
+    fused kernels (flash or memory-efficient).
     """
     if q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v)

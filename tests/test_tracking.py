@@ -52,13 +52,13 @@ def test_other_ranks_get_a_null_tracker(tmp_path: Path):
     assert isinstance(tracking.make_tracker("sqlite:///x.db", "", is_rank_zero=True), tracking.NullTracker)
 
 
-def test_a_worker_loads_neither_mlflow_nor_optuna_nor_dynamo_until_it_needs_them(tmp_path: Path):
+def test_a_worker_loads_no_mlflow_optuna_tune_or_dynamo_until_it_needs_them(tmp_path: Path):
     """Every Ray Train worker of a run imports the loop afresh: a rank other than 0 never logs,
     and rank 0 loads MLflow in its writer thread at the first write, not before its first step."""
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     run_id = tracking.open_run(uri, "e", "r", {})
     worker = ("import sys; from urm_ray.train import loop; from urm_ray import tracking\n"
-              "heavy = ('mlflow', 'optuna', 'torch._dynamo')\n"
+              "heavy = ('mlflow', 'optuna', 'ray.tune', 'torch._dynamo')\n"
               "other = tracking.make_tracker(sys.argv[1], sys.argv[2], is_rank_zero=False)\n"
               "other.log({'train/lr': 1.0}, 1); other.close()\n"
               "zero = tracking.make_tracker(sys.argv[1], sys.argv[2], is_rank_zero=True)\n"

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ray.train
-import ray.tune
 
 from urm_ray.train import checkpoint
+
+if TYPE_CHECKING:
+    import ray.tune
 
 # a report as Tune should see it (with a sweep's derived metrics), or None to keep it out of Tune;
 # the flag: whether it carries a checkpoint
@@ -119,7 +121,8 @@ class ProcessHost:
 
 class TrialHost:
     """A Tune trial actor, one worker: Tune persists the checkpoints in the trial's folder and
-    hands the latest back (``tune.get_checkpoint``) when it retries or resumes the trial."""
+    hands the latest back (``tune.get_checkpoint``) when it retries or resumes the trial. Ray
+    Tune is imported here only: every Ray Train worker loads this module and needs none of it."""
 
     rank, world = 0, 1
 
@@ -130,12 +133,16 @@ class TrialHost:
         return self.datasets[name]
 
     def saved_state(self) -> dict[str, Any] | None:
-        return _load(ray.tune.get_checkpoint())
+        return _load(self.latest())
 
     def latest(self) -> ray.tune.Checkpoint | None:
+        import ray.tune
+
         return ray.tune.get_checkpoint()
 
     def report(self, metrics: dict[str, Any], folder: Path | None, step: int) -> None:
+        import ray.tune
+
         shown = self.to_tune(metrics, folder is not None)
         if shown is None:
             return

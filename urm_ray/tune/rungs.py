@@ -28,7 +28,7 @@ multi-objective study; the searcher records each evaluation's objective values i
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import optuna
@@ -143,8 +143,8 @@ class StudyDominance(StudyASHA):
         values = [float(result[m]) for m in self.metrics]
         return self.decide(int(trial.config[TRIAL_KEY]), int(result["step"]), values)
 
-    def decide(self, number: int, step: int, value) -> str:
-        """CONTINUE or STOP for trial ``number`` evaluated at ``step`` with objective ``value``s."""
+    def decide(self, number: int, step: int, value: Sequence[float]) -> str:  # type: ignore[override]
+        """CONTINUE or STOP for trial ``number`` evaluated at ``step`` with these objective values."""
         point = signed(value, self.signs)
         for milestone in sorted(self.points, reverse=True):
             recorded = self.points[milestone]

@@ -88,3 +88,16 @@ def test_eval_rejects_a_temperature_for_a_model_without_samples(tmp_path, capsys
     checkpoint.save(tmp_path / "ckpt", model, None, [], checkpoint.Position(step=1), to_dict(cfg))
     assert main(["eval", str(tmp_path / "ckpt"), "--temperature", "0.5"]) == 2
     assert "--temperature: urm draws no samples" in capsys.readouterr().err
+
+
+def test_a_loaded_checkpoint_evaluates_on_this_machines_gpu_else_the_cpu(gram_checkpoint):
+    """``urm-ray eval``, ``sample`` and test-time evaluation load through ``load_checkpoint``: its
+    model is on the device ``local_device`` chooses, the GPU when the process sees one."""
+    from urm_ray.eval.offline import device_of, load_checkpoint
+    from urm_ray.train.step import local_device
+
+    expected = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    assert local_device() == local_device("auto") == expected and local_device("cpu") == torch.device("cpu")
+    _, model = load_checkpoint(gram_checkpoint)
+    assert {p.device for p in model.parameters()} == {expected} and device_of(model) == expected
+    assert not model.training

@@ -77,6 +77,14 @@ def build_state(cfg: RunConfig, task: TaskSpec, device: torch.device, *, objecti
                       cfg.train.global_batch_size // world, task.seq_len, objective)
 
 
+def local_device(setting: str = "auto") -> torch.device:
+    """The device this process trains or evaluates on for ``train.device``: ``cuda`` its current
+    GPU (the one Ray made visible to it), ``cpu`` the CPU, ``auto`` the GPU when it sees one."""
+    if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     """A host batch on ``device``; on CUDA through pinned memory, asynchronously (the copy
     overlaps the work already queued instead of waiting for it)."""

@@ -4,8 +4,9 @@ Written into the sweep folder and uploaded to the sweep's parent MLflow run:
 ``leaderboard.csv`` (every trial: fate, objective values, last step, sampled values, MLflow run
 id; with several objectives a ``pareto`` column marks the front's members), ``pareto.csv`` (the
 front, with several objectives), ``best_config.yaml`` (a training config ``urm-ray train`` accepts, without the resources
-the sweep gave each trial) and ``plots/*.png`` (optimization history, parameter importances,
-parallel coordinates, slices).
+the sweep gave each trial), ``plots/*.png`` (optimization history, parameter importances,
+parallel coordinates, slices) and ``report.html`` (the same, drawn for a person to look at:
+``urm_ray/report/``).
 """
 
 from __future__ import annotations
@@ -110,6 +111,10 @@ def write_report(study: optuna.Study, space: SearchSpace, info: SweepInfo,
     plots = write_plots(study, space, info.path / "plots")
     if plots:
         tracking.log_artifact(info.tracking_uri, info.parent_run_id, info.path / "plots", "plots")
+    from urm_ray.report import sweep_report  # the HTML page draws from this module's leaderboard
+
+    page = sweep_report(info.name, study, space, info.path, costs, rows)
+    tracking.log_artifact(info.tracking_uri, info.parent_run_id, page)
     return best
 
 

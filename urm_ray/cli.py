@@ -12,6 +12,7 @@
     urm-ray runs                                  the runs and sweeps in the MLflow store (also: ls)
     urm-ray best NAME                             print and export a sweep's best config
     urm-ray final NAME --seeds 3                  re-check the top configs, train the winner
+    urm-ray report NAME                           a sweep's HTML report (plots, leaderboard), to MLflow too
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ EXAMPLES = {
   urm-ray final qs                                            # the space's top configs and seeds
   urm-ray final qs --top 2 --seeds 3 train.num_workers=2
   urm-ray final qc --pick 5                                   # the Pareto front's trial 5""",
+    "report": """examples:
+  urm-ray report qs                                           # sweeps/qs/report.html, also in MLflow
+  urm-ray report qs --dir /data/sweeps""",
     "data": """examples:
   urm-ray data sudoku --out data/s4 --size 4                  # generated 4x4 Sudoku
   urm-ray data arc --source ARC_DIR --out data/arc1           # ARC-AGI (urm-ray data arc --help)""",
@@ -269,6 +273,12 @@ def _final(args: argparse.Namespace) -> None:
                       "model_version": outcome.model_version, **summary}, indent=2))
 
 
+def _report(args: argparse.Namespace) -> None:
+    from urm_ray.report import rebuild
+
+    print(rebuild(args.name, args.dir))
+
+
 def _sweep_tracking_uri(args: argparse.Namespace) -> str:
     from urm_ray.tune.sweep import load_sweep
 
@@ -413,6 +423,11 @@ def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
     _scale_up_option(fin)
     _verbose_option(fin)
     fin.set_defaults(func=_final)
+
+    rep = _command(sub, "report", "(re)build a sweep's HTML report (<sweep>/report.html) and upload it to MLflow")
+    rep.add_argument("name")
+    rep.add_argument("--dir", default="sweeps")
+    rep.set_defaults(func=_report)
 
 
 def _scale_up_option(parser: argparse.ArgumentParser) -> None:

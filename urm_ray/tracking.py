@@ -1,10 +1,10 @@
 """MLflow behind a small interface: ``log(metrics, step)``, ``log_artifact(path)``, ``close()``.
 
 The only module that imports mlflow, on first use: importing it takes seconds, and the ranks
-other than 0 never log (nor does a worker before its first report). The driver opens (or re-opens, on resume) the run and
-passes its id to the workers; rank 0 logs into it through a ``MlflowTracker``, every other rank
-gets a ``NullTracker``. The tracker writes from a thread of its own and rides out a tracking
-store that goes away for a while (``MlflowTracker``). Runs are found again by the tag
+other than 0 never log (nor does rank 0 before its first report). The driver opens (or
+re-opens, on resume) the run and passes its id to the workers; rank 0 logs into it through a
+``MlflowTracker``, every other rank gets a ``NullTracker``. The tracker writes from a thread of
+its own and rides out a tracking store that goes away for a while (``MlflowTracker``). Runs are found again by the tag
 ``urm_ray.run_name``, so a resumed training run keeps logging into the same MLflow run instead
 of starting a second one. Sweeps use the helpers at the end: runs found by name, nested runs,
 tags, artifacts, model registry.
@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -24,7 +25,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-import sys
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import requests
@@ -350,7 +350,7 @@ def open_run(
 
 
 def close_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
-    _client(tracking_uri).set_terminated(run_id, status=status)
+    Run(tracking_uri, run_id).close(status)
 
 
 def find_run(client: MlflowClient, experiment_id: str, run_name: str) -> str | None:
@@ -418,11 +418,144 @@ def log_dataset(tracking_uri: str, run_id: str, name: str, path: str, digest: st
                 raise
 
 
-def make_tracker(tracking_uri: str, run_id: str, is_rank_zero: bool) -> Tracker:
-    """Rank 0 logs into the driver's run; every other rank gets a do-nothing tracker."""
-    if is_rank_zero and run_id:
-        return MlflowTracker(tracking_uri, run_id)
-    return NullTracker()
+class Run:
+    """One MLflow run, opened once (``Run.open``) and passed down: everything a run writes into
+    itself or reads back of itself goes through this handle. ``NullRun`` stands in when tracking
+    is disabled, so callers never ask whether there is a run."""
+
+    def __init__(self, tracking_uri: str, run_id: str) -> None:
+        self.tracking_uri, self.id = tracking_uri, run_id
+
+    @classmethod
+    def open(cls, tracking_uri: str, experiment: str, run_name: str, params: dict[str, Any],
+             tags: dict[str, str] | None = None) -> Run:
+        """The run of ``run_name``: created, or the one a previous attempt created, reopened."""
+        return cls(tracking_uri, open_run(tracking_uri, experiment, run_name, params, tags))
+
+    @classmethod
+    def find(cls, tracking_uri: str, experiment: str, run_name: str) -> Run | None:
+        """The run a previous attempt created under ``run_name`` (None: none yet)."""
+        run_id = find_run_id(tracking_uri, experiment, run_name)
+        return None if run_id is None else cls(tracking_uri, run_id)
+
+    def __bool__(self) -> bool:
+        return True
+
+    def tracker(self, rank_zero: bool) -> Tracker:
+        """What the loop logs through: rank 0 logs into this run, every other rank does nothing."""
+        return MlflowTracker(self.tracking_uri, self.id) if rank_zero else NullTracker()
+
+    def summary(self) -> RunSummary:
+        run = _client(self.tracking_uri).get_run(self.id)
+        return RunSummary(run.info.run_id, run.info.run_name, run.info.status, dict(run.data.tags),
+                          dict(run.data.params), dict(run.data.metrics))
+
+    def tags(self) -> dict[str, str]:
+        return self.summary().tags
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        _client(self.tracking_uri).log_batch(self.id, tags=_run_tags(tags))
+
+    def delete_tags(self, keys: list[str]) -> None:
+        client = _client(self.tracking_uri)
+        tags = client.get_run(self.id).data.tags
+        for key in keys:
+            if key in tags:
+                client.delete_tag(self.id, key)
+
+    def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
+        """Logs at once, unless the run already logged ``step`` (as ``MlflowTracker`` does)."""
+        from mlflow.entities import Metric
+
+        client = _client(self.tracking_uri)
+        if step > _logged_until(client, self.id):
+            now = int(time.time() * 1000)
+            client.log_batch(self.id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        _log_artifact(_client(self.tracking_uri), self.id, Path(path), artifact_path)
+
+    def log_config(self, text: str, name: str = "config.yaml") -> None:
+        """``text`` (the resolved config as YAML) as the artifact ``name``."""
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / name
+            path.write_text(text)
+            self.log_artifact(path)
+
+    def log_dataset(self, name: str, path: str, digest: str, profile: dict[str, Any]) -> None:
+        log_dataset(self.tracking_uri, self.id, name, path, digest, profile)
+
+    def metric_history(self, key: str) -> list[tuple[int, float]]:
+        """(step, value) of every logged value of ``key``, in logging order."""
+        return metric_history(self.tracking_uri, self.id, key)
+
+    def close(self, status: str = "FINISHED") -> None:
+        _client(self.tracking_uri).set_terminated(self.id, status=status)
+
+    def fail(self, status: str, reason: str | None = None) -> None:
+        """Close the run as ``status`` (FAILED, KILLED); ``reason``: why it failed, recorded as its
+        fate (``failed``) first."""
+        if reason is not None:
+            self.set_tags({FATE_TAG: "failed", REASON_TAG: reason})
+        self.close(status)
+
+    def finish(self, checkpoint: str | None = None, upload: Path | None = None) -> None:
+        """The trained run's last records, each tried again while the store is away (``retried``):
+        training is over and its checkpoint saved, so only a store still away after
+        ``FLUSH_LIMIT_S`` fails. ``checkpoint``: the final checkpoint's folder or URI, as the tag
+        ``urm_ray.checkpoint`` (for ``urm-ray runs``); ``upload``: that checkpoint's local copy,
+        uploaded as the artifact ``checkpoint``."""
+        if checkpoint is not None:
+            retried("the checkpoint tag", lambda: self.set_tags({CHECKPOINT_TAG: checkpoint}))
+        if upload is not None:
+            retried("the checkpoint's upload to MLflow", lambda: self.log_artifact(upload, "checkpoint"))
+        retried("closing the MLflow run", lambda: self.close("FINISHED"))
+
+    def register_torch_model(self, model: Any, registered_name: str, extra_files: list[str],
+                             tags: dict[str, str]) -> str:
+        return register_torch_model(self.tracking_uri, self.id, model, registered_name, extra_files, tags)
+
+
+class NullRun:
+    """The run of a config with tracking disabled: records nothing, reads back nothing."""
+
+    id = None
+    tracking_uri = ""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def tracker(self, rank_zero: bool) -> Tracker:
+        return NullTracker()
+
+    def tags(self) -> dict[str, str]:
+        return {}
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
+        pass
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def log_config(self, text: str, name: str = "config.yaml") -> None:
+        pass
+
+    def log_dataset(self, name: str, path: str, digest: str, profile: dict[str, Any]) -> None:
+        pass
+
+    def fail(self, status: str, reason: str | None = None) -> None:
+        pass
+
+    def finish(self, checkpoint: str | None = None, upload: Path | None = None) -> None:
+        pass
+
+
+def run_of(tracking_uri: str, run_id: str) -> Run | NullRun:
+    """The handle of a run opened elsewhere (a Ray Train worker gets the driver's id; "": none)."""
+    return Run(tracking_uri, run_id) if run_id else NullRun()
 
 
 
@@ -458,9 +591,7 @@ def count_runs(tracking_uri: str, experiment: str) -> int:
 
 
 def run_summary(tracking_uri: str, run_id: str) -> RunSummary:
-    run = _client(tracking_uri).get_run(run_id)
-    return RunSummary(run.info.run_id, run.info.run_name, run.info.status, dict(run.data.tags),
-                      dict(run.data.params), dict(run.data.metrics))
+    return Run(tracking_uri, run_id).summary()
 
 
 def child_runs(tracking_uri: str, experiment: str, parent_run_id: str) -> list[RunSummary]:
@@ -532,31 +663,20 @@ def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, 
     return [(m.step, m.value) for m in _client(tracking_uri).get_metric_history(run_id, key)]
 
 
+# The writes below are ``Run``'s, for callers that hold a run id rather than its handle.
+
+
 def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
-    _client(tracking_uri).log_batch(run_id, tags=_run_tags(tags))
-
-
-def delete_tags(tracking_uri: str, run_id: str, keys: list[str]) -> None:
-    client = _client(tracking_uri)
-    tags = client.get_run(run_id).data.tags
-    for key in keys:
-        if key in tags:
-            client.delete_tag(run_id, key)
+    Run(tracking_uri, run_id).set_tags(tags)
 
 
 def log_metrics(tracking_uri: str, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
-    """Logs at once, unless the run already logged ``step`` (as ``MlflowTracker`` does)."""
-    from mlflow.entities import Metric
-
-    client = _client(tracking_uri)
-    if step > _logged_until(client, run_id):
-        now = int(time.time() * 1000)
-        client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+    Run(tracking_uri, run_id).log_metrics(metrics, step)
 
 
 def log_artifact(tracking_uri: str, run_id: str, path: str | Path,
                  artifact_path: str | None = None) -> None:
-    _log_artifact(_client(tracking_uri), run_id, Path(path), artifact_path)
+    Run(tracking_uri, run_id).log_artifact(path, artifact_path)
 
 
 def register_torch_model(tracking_uri: str, run_id: str, model: Any, registered_name: str,

@@ -10,17 +10,20 @@ interrupted. ``data.py`` gathers the numbers, ``plots.py`` draws them, ``html.py
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
 from urm_ray.report.data import sweep_data
 from urm_ray.report.html import write_study, write_sweep
 
+if TYPE_CHECKING:
+    from urm_ray.tune.space import SearchSpace
+
 REPORT_FILE = "report.html"
 
 
-def sweep_report(name: str, study: optuna.Study, space: Any, folder: Path,
+def sweep_report(name: str, study: optuna.Study, space: SearchSpace, folder: Path,
                  costs: dict[int, dict[str, float]] | None = None,
                  leaderboard: list[dict[str, Any]] | None = None) -> Path:
     """Write ``<folder>/report.html`` for the sweep ``name`` and return its path."""

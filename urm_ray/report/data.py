@@ -68,7 +68,7 @@ def sweep_data(name: str, study: optuna.Study, space: SearchSpace,
     sched, train = space.spec.scheduler, space.base_config.train
     rungs = []
     if sched.name == "asha":
-        rungs = milestones(sched.grace_steps or train.eval_every or train.log_every, train.steps,
+        rungs = milestones(sched.grace_steps or space.base_config.eval.every or train.log_every, train.steps,
                            sched.reduction_factor)
     objectives = space.spec.objectives
     front = [t.number for t in pareto.pareto_front(study.trials, objectives)] if len(objectives) > 1 else []

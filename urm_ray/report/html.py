@@ -10,10 +10,13 @@ import html
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from urm_ray.report import plots
 from urm_ray.report.data import MIN_FOR_IMPORTANCE, SweepData
+
+if TYPE_CHECKING:
+    from urm_ray.study.table import Cell, StudyTable
 
 STYLE = """body{font-family:sans-serif;margin:1.5em auto;max-width:1100px;color:#222}
 h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em}img{max-width:100%;display:block}
@@ -50,8 +53,8 @@ def write_sweep(data: SweepData, path: Path) -> Path:
                   sections)
 
 
-def write_study(table: Any, curves: dict[str, list[list[tuple[int, float]]]], path: Path) -> Path:
-    """A study's report: ``table`` is its ``StudyTable``; ``curves``: row -> one curve of the
+def write_study(table: StudyTable, curves: dict[str, list[list[tuple[int, float]]]], path: Path) -> Path:
+    """A study's report: its results ``table``; ``curves``: row -> one curve of the
     first metric per final seed (empty lists draw no band)."""
     metric = table.metrics[0]
     sections = []
@@ -64,7 +67,7 @@ def write_study(table: Any, curves: dict[str, list[list[tuple[int, float]]]], pa
     return _write(path, f"Study {table.study}", f"{len(table.rows)} rows", sections)
 
 
-def _mean_sd(cell: Any) -> str:
+def _mean_sd(cell: Cell) -> str:
     if cell.n == 0:
         return "-"
     return f"{cell.mean:.4f}" if cell.n == 1 else f"{cell.mean:.4f} +- {cell.sd:.4f}"

@@ -113,8 +113,12 @@ def write_report(study: optuna.Study, space: SearchSpace, info: SweepInfo,
         tracking.log_artifact(info.tracking_uri, info.parent_run_id, info.path / "plots", "plots")
     from urm_ray.report import sweep_report  # the HTML page draws from this module's leaderboard
 
-    page = sweep_report(info.name, study, space, info.path, costs, rows)
-    tracking.log_artifact(info.tracking_uri, info.parent_run_id, page)
+    try:
+        page = sweep_report(info.name, study, space, info.path, costs, rows)
+    except (ValueError, RuntimeError, OSError) as err:  # a view: the sweep's results stand without it
+        logger.warning("report.html not written (%s); `urm-ray report %s` draws it again", err, info.name)
+    else:
+        tracking.log_artifact(info.tracking_uri, info.parent_run_id, page)
     return best
 
 

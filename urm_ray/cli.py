@@ -13,6 +13,7 @@
     urm-ray best NAME                             print and export a sweep's best config
     urm-ray final NAME --seeds 3                  re-check the top configs, train the winner
     urm-ray report NAME                           a sweep's HTML report (plots, leaderboard), to MLflow too
+    urm-ray study studies/sudoku4-families.yaml   sweeps, re-checks and finals to one results table
 """
 
 from __future__ import annotations
@@ -69,11 +70,14 @@ EXAMPLES = {
   urm-ray best qc --pick 5                                    # several objectives: the front, trial 5's config""",
     "final": """examples:
   urm-ray final qs                                            # the space's top configs and seeds
-  urm-ray final qs --top 2 --seeds 3 train.num_workers=2
+  urm-ray final qs --top 2 --seeds 3 resources.num_workers=2
   urm-ray final qc --pick 5                                   # the Pareto front's trial 5""",
     "report": """examples:
   urm-ray report qs                                           # sweeps/qs/report.html, also in MLflow
   urm-ray report qs --dir /data/sweeps""",
+    "study": """examples:
+  urm-ray study studies/sudoku4-families.yaml                 # runs it; again: goes on where it stopped
+  urm-ray study studies/paper-tasks.yaml --check              # validate only (spaces, GPU memory)""",
     "data": """examples:
   urm-ray data sudoku --out data/s4 --size 4                  # generated 4x4 Sudoku
   urm-ray data arc --source ARC_DIR --out data/arc1           # ARC-AGI (urm-ray data arc --help)""",
@@ -131,78 +135,56 @@ def _plan(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
+    """``urm-ray eval``: ``evaluate``'s mode the flags and the checkpoint's task ask for."""
+    from urm_ray import evaluate
     from urm_ray.cluster import init_ray
-    from urm_ray.eval import offline
 
-    live = sys.stderr.isatty()
-    offline.check_checkpoint(args.checkpoint)  # a crafted or damaged state.pt: refused before Ray
-    settings = _test_time(args)
-    if settings is not None:
-        _eval_test_time(args, settings, live)
-        return
-    if offline.task_of(args.checkpoint).scoring is None:
-        offline.check_temperature(offline.config_of(args.checkpoint), args.temperature)  # before Ray starts
+    evaluate.check_checkpoint(args.checkpoint)  # a crafted or damaged state.pt: refused before Ray
+    task = evaluate.task_of(args.checkpoint)
+    settings, mode = _eval_mode(args, task)
+    if mode == "plain":
+        evaluate.check_temperature(evaluate.config_of(args.checkpoint), args.temperature)  # before Ray starts
+    if mode != "score":
         init_ray(verbose=args.verbose)  # its split is read with Ray Data
-        metrics = offline.evaluate_checkpoint(args.checkpoint, split=args.split, max_rows=args.max_rows,
-                                              live=live, temperature=args.temperature)
-        print(json.dumps(metrics, indent=2))
-        return
-    if args.temperature is not None:
-        raise ConfigError("--temperature: an ARC evaluation votes over augmentations and draws no prior samples")
-    report = offline.evaluate_arc_checkpoint(
-        args.checkpoint, split=args.split, num_augmentations=args.augmentations,
-        halt_early=args.halt_early, pass_ks=args.pass_k, max_pairs=args.max_rows, live=live,
-    )
+    request = evaluate.Request(mode, args.split, args.max_rows, live=sys.stderr.isatty(),
+                               temperature=args.temperature, views=args.augmentations, pass_ks=tuple(args.pass_k))
+    report = evaluate.evaluate(args.checkpoint, settings, request)
+    printed = report.as_dict()
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    if args.mlflow:
-        run_id = offline.log_to_mlflow(args.checkpoint, report["split"], report["metrics"],
-                                       report["step"], report, args.tracking_uri)
-        report["mlflow_run_id"] = run_id
-    print(json.dumps({k: v for k, v in report.items() if k != "tasks"}, indent=2))
+        Path(args.out).write_text(json.dumps(printed, indent=1) + "\n")
+    if args.mlflow and mode != "plain":
+        printed["mlflow_run_id"] = evaluate.log(report, args.tracking_uri)
+    print(json.dumps({k: v for k, v in printed.items() if k != "tasks"}, indent=2))
 
 
-def _test_time(args: argparse.Namespace) -> EvalConfig | None:
-    """The test-time settings the eval flags ask for; None when they ask for none (the plain
-    evaluation; ARC's voting when the task is ARC)."""
+def _eval_mode(args: argparse.Namespace, task: Any) -> tuple[EvalConfig, str]:
+    """The test-time settings the eval flags give and the mode they ask for: ``testtime`` where
+    they ask for any (``--halt-early`` too, but on a task with its own score, which takes it),
+    the task's own score where it has one (ARC's voting), else the plain evaluation."""
     from urm_ray.eval.config import EvalConfig
 
-    from urm_ray.eval import offline
-
+    settings = EvalConfig(width=args.width, noise=args.noise, views=args.views, select=args.select,
+                          segments=args.segments, loops=args.loops, halt_early=args.halt_early, seed=args.seed)
     asked = (args.width, args.noise, args.views, args.select, args.segments, args.loops, args.seed)
-    halt_early = args.halt_early and offline.task_of(args.checkpoint).scoring is None  # else the score's own
-    if asked == (1, 0.0, False, "vote", 0, 0, 0) and not halt_early:
-        return None
-    return EvalConfig(width=args.width, noise=args.noise, views=args.views, select=args.select,
-                      segments=args.segments, loops=args.loops, halt_early=args.halt_early, seed=args.seed)
-
-
-def _eval_test_time(args: argparse.Namespace, settings: EvalConfig, live: bool) -> None:
-    from urm_ray.cluster import init_ray
-    from urm_ray.eval import offline
-
-    if offline.task_of(args.checkpoint).scoring is not None:
+    test_time = asked != (1, 0.0, False, "vote", 0, 0, 0) or (args.halt_early and task.scoring is None)
+    if test_time and task.scoring is not None:
         raise ConfigError("--width/--noise/--views/--select/--segments/--loops: an ARC checkpoint votes over augmented "
                           "versions (--augmentations); test-time settings are for the other tasks")
-    if args.temperature is not None:
+    if test_time and args.temperature is not None:
         raise ConfigError("--temperature with test-time settings: set the trajectories with --width")
-    init_ray(verbose=args.verbose)  # its split is read with Ray Data
-    report = offline.evaluate_testtime_checkpoint(args.checkpoint, settings, split=args.split,
-                                                  max_rows=args.max_rows, live=live)
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    if args.mlflow:
-        report["mlflow_run_id"] = offline.log_testtime(args.checkpoint, report, args.tracking_uri)
-    print(json.dumps(report, indent=2))
+    if task.scoring is not None and args.temperature is not None:
+        raise ConfigError("--temperature: an ARC evaluation votes over augmentations and draws no prior samples")
+    return settings, "testtime" if test_time else "score" if task.scoring is not None else "plain"
 
 
 def _sample(args: argparse.Namespace) -> None:
-    from urm_ray.eval.sampling import sample_checkpoint
+    from urm_ray import evaluate
+    from urm_ray.eval.config import EvalConfig
 
-    report = sample_checkpoint(args.checkpoint, args.num, args.seed, args.temperature)
-    if not args.boards:
-        report.pop("boards")
-    print(json.dumps(report, indent=None if args.boards else 2))
+    request = evaluate.Request("sample", temperature=args.temperature, num=args.num)
+    report = evaluate.evaluate(args.checkpoint, EvalConfig(seed=args.seed), request)
+    printed = report.as_dict() if args.boards else report.as_dict("boards")
+    print(json.dumps(printed, indent=None if args.boards else 2))
 
 
 def _sweep(args: argparse.Namespace) -> None:
@@ -279,6 +261,26 @@ def _report(args: argparse.Namespace) -> None:
     print(rebuild(args.name, args.dir))
 
 
+def _study(args: argparse.Namespace) -> None:
+    from urm_ray.study.run import run_study
+    from urm_ray.study.spec import load_study
+
+    study = load_study(args.study)  # every row checked before Ray starts
+    if args.check:
+        from urm_ray.study.check import check_study
+
+        report, fits = check_study(study, args.gpu)
+        print(report)
+        if not fits:
+            raise SystemExit(1)
+        return
+    if not args.verbose:
+        quiet_optuna()
+    table = run_study(study, args.dir, verbose=args.verbose)
+    print(table.to_markdown(), end="")
+    print(f"study {study.name}: table in {Path(args.dir) / study.name}/table.md and table.csv", file=sys.stderr)
+
+
 def _sweep_tracking_uri(args: argparse.Namespace) -> str:
     from urm_ray.tune.sweep import load_sweep
 
@@ -340,12 +342,12 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="seed of the test-time noise and views")
     ev.add_argument("--pass-k", type=int, nargs="+", default=[],
                     help="ARC: report pass@k for these k (default: 1 2 10 100 1000)")
-    ev.add_argument("--out", default="", help="ARC, test-time settings: write the full report as JSON")
+    ev.add_argument("--out", default="", help="write the full report as JSON")
     ev.add_argument("--no-mlflow", dest="mlflow", action="store_false",
                     help="ARC, test-time settings: do not log the evaluation to MLflow")
     ev.add_argument("--tracking-uri", default="", help="MLflow URI (default: the run's)")
     ev.add_argument("--temperature", type=float, default=None,
-                    help="GRAM: draw the prior samples (train.eval_samples per row) at this temperature "
+                    help="GRAM: draw the prior samples (eval.samples per row) at this temperature "
                          "(default: model.sample_temperature)")
     _verbose_option(ev)
     ev.set_defaults(func=_eval)
@@ -360,6 +362,17 @@ def _parser() -> argparse.ArgumentParser:
     sa.set_defaults(func=_sample)
 
     _sweep_parsers(sub)
+
+    st = _command(sub, "study", "run a study: its rows' sweeps, re-checks and finals, then its results table")
+    st.add_argument("study", help="study YAML (studies/*.yaml)")
+    st.add_argument("--resume", action="store_true",
+                    help="go on where the study stopped (running it again does the same)")
+    st.add_argument("--dir", default="studies", help="folder holding studies (default ./studies)")
+    st.add_argument("--check", action="store_true",
+                    help="validate only: every row's space loads and, with --gpu, its heaviest trial fits")
+    st.add_argument("--gpu", default="", help="with --check: a10g, l4, a100-40, a100-80 or h100")
+    _verbose_option(st)
+    st.set_defaults(func=_study)
 
     runs = _command(sub, "runs", "list the runs and sweeps in the MLflow store", aliases=["ls"])
     runs.add_argument("--tracking-uri", default="",
@@ -413,7 +426,7 @@ def _sweep_parsers(sub: argparse._SubParsersAction) -> None:
 
     fin = _command(sub, "final", "re-run the top configs over seeds, train and register the winner")
     fin.add_argument("name")
-    fin.add_argument("overrides", nargs="*", help="for the final run, e.g. train.num_workers=2")
+    fin.add_argument("overrides", nargs="*", help="for the final run, e.g. resources.num_workers=2")
     fin.add_argument("--seeds", type=int, default=0, help="seeds per top config (default: the space's)")
     fin.add_argument("--top", type=int, default=0, help="configs to re-check (default: the space's)")
     fin.add_argument("--model-name", default="", help="registered model (default urm-ray-<sweep>)")

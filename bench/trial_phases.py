@@ -36,7 +36,7 @@ from pathlib import Path
 import ray
 import torch
 
-from urm_ray.eval.inrun import InRun
+from urm_ray.train.evaluation import InRun
 from urm_ray.train import checkpoint, driver
 from urm_ray.train.hosts import ProcessHost
 from urm_ray.train.live import Sender
@@ -71,8 +71,8 @@ def one_trial(cfg, number: int) -> dict[str, float]:
         run_id = driver.open_mlflow_run(cfg, meta, {"urm_ray.kind": "trial"}, {"sampled.x": number})
     with t("datasets"):
         data = driver.datasets(cfg, meta)
-    folder = Path(cfg.train.storage_path) / cfg.train.run_name
-    host = ProcessHost(data, folder, cfg.train.keep_checkpoints)
+    folder = Path(cfg.checkpoint.storage_path) / cfg.train.run_name
+    host = ProcessHost(data, folder, cfg.checkpoint.keep)
     with t("model build"):
         state = build_state(cfg, task_spec(cfg, meta), torch.device("cpu"), objective=objective_for(cfg, meta))
     loop = Loop(state, host, make_tracker(cfg.tracking.tracking_uri, run_id, True), Sender(),
@@ -109,11 +109,11 @@ def main() -> None:
     rows = []
     for number in range(args.trials):
         cfg = space.trial_config({}, {
-            "train.run_name": f"t{number:03d}", "train.storage_path": str(work / "runs"),
-            "train.steps": args.steps, "train.eval_every": args.steps, "train.log_every": args.steps,
-            "train.checkpoint_every": args.steps, "tracking.tracking_uri": f"sqlite:///{work / 'mlflow.db'}",
+            "train.run_name": f"t{number:03d}", "checkpoint.storage_path": str(work / "runs"),
+            "train.steps": args.steps, "eval.every": args.steps, "train.log_every": args.steps,
+            "checkpoint.every": args.steps, "tracking.tracking_uri": f"sqlite:///{work / 'mlflow.db'}",
             "tracking.experiment": "phases", **dict(kv.split("=", 1) for kv in args.set)})
-        torch.set_num_threads(torch_threads(cfg.train))
+        torch.set_num_threads(torch_threads(cfg.resources))
         rows.append(one_trial(cfg, number))
         print(f"trial {number}: " + ", ".join(f"{k} {v:.2f}" for k, v in rows[-1].items()), flush=True)
     later = rows[1:] or rows

@@ -15,7 +15,8 @@ from urm_ray.data import store
 from urm_ray.data.config import DataConfig
 from urm_ray.data.tasks import arc
 from urm_ray.data.tasks.arc import augment as arc_augment
-from urm_ray.data.tasks.arc.evaluate import Share, evaluate_arc, pass_at_k, place, task_scores, vote
+from urm_ray.data.tasks.arc.evaluate import Share, Shares, Voting, evaluate_arc, task_scores
+from urm_ray.metrics import pass_at_k, place, ranked_votes as vote
 from urm_ray.errors import ConfigError
 
 # ARC-AGI-1 training + evaluation in the Kaggle layout, as downloaded (all 800 tasks)
@@ -64,17 +65,17 @@ class StandIn(nn.Module):
         self.calls = 0
 
     def initial_carry(self, batch):
-        return SimpleNamespace(steps=0, halted=torch.zeros(len(batch["inputs"]), dtype=torch.bool))
+        return SimpleNamespace(segments=0, halted=torch.zeros(len(batch["inputs"]), dtype=torch.bool))
 
     def forward(self, carry, batch):
         self.calls += 1
-        steps = carry.steps + 1
+        steps = carry.segments + 1
         rows = [self.answers[(x.numpy().astype(np.int8).tobytes(), int(i))]
                 for x, i in zip(batch["inputs"], batch["puzzle_identifiers"])]
         logits = torch.nn.functional.one_hot(torch.from_numpy(np.stack(rows)).long(), 12).float()
         q = torch.full((len(rows),), 1.0 if steps >= self.halt_from else -1.0)
         halted = torch.full((len(rows),), steps >= self.max_segments)
-        return SimpleNamespace(steps=steps, halted=halted), {"logits": logits, "q_halt_logits": q}
+        return SimpleNamespace(segments=steps, halted=halted), {"logits": logits, "q_halt_logits": q}
 
 
 def _answers(path: Path, cfg: DataConfig, wrong=lambda aug: False) -> dict:
@@ -95,7 +96,7 @@ def _answers(path: Path, cfg: DataConfig, wrong=lambda aug: False) -> dict:
 def test_right_answers_pass_every_task(dataset):
     cfg = DataConfig(path=str(dataset), num_augmentations=6, shuffle_seed=3)
     model = StandIn(_answers(dataset, cfg))
-    report = evaluate_arc(model, cfg, batch_size=7, pass_ks=(1, 2))
+    report = evaluate_arc(model, cfg, voting=Voting(batch_size=7, pass_ks=(1, 2)))
     m = report["metrics"]
     assert m["arc/pass_at_1"] == m["arc/pass_at_2"] == 1.0
     assert m["arc/tasks"] == 5 and m["arc/predictions"] == 6 * m["arc/test_pairs"]
@@ -107,13 +108,13 @@ def test_right_answers_pass_every_task(dataset):
 def test_voting_outvotes_a_minority_of_wrong_augmentations(dataset):
     cfg = DataConfig(path=str(dataset), num_augmentations=6)
     minority = evaluate_arc(StandIn(_answers(dataset, cfg, lambda a: a in (1, 4))), cfg,
-                            pass_ks=(1, 2))["metrics"]
+                            voting=Voting(pass_ks=(1, 2)))["metrics"]
     assert minority["arc/pass_at_1"] == 1.0
     majority = evaluate_arc(StandIn(_answers(dataset, cfg, lambda a: a != 2)), cfg,
-                            pass_ks=(1, 2))["metrics"]
+                            voting=Voting(pass_ks=(1, 2)))["metrics"]
     assert majority["arc/pass_at_1"] == 0.0 and majority["arc/pass_at_2"] == 1.0
     fewer = evaluate_arc(StandIn(_answers(dataset, cfg, lambda a: a != 2)), cfg,
-                         num_augmentations=2, pass_ks=(1, 2))["metrics"]  # aug 0, 1: both wrong
+                         voting=Voting(views=2, pass_ks=(1, 2)))["metrics"]  # aug 0, 1: both wrong
     assert fewer["arc/pass_at_2"] == 0.0 and fewer["arc/augmentations"] == 2
 
 
@@ -140,7 +141,7 @@ def test_a_task_with_fewer_versions_than_views_votes_each_version_once(tmp_path)
     assert versions["ring"] == 9 and versions[other] > 12
     cfg = DataConfig(path=str(tmp_path / "arc"), num_augmentations=12, shuffle_seed=3)
     report = evaluate_arc(StandIn(_answers(tmp_path / "arc", cfg, lambda a: a % 9 < 3)), cfg,
-                          batch_size=5, pass_ks=(1, 2))
+                          voting=Voting(batch_size=5, pass_ks=(1, 2)))
     assert report["tasks"]["ring"] == {"pass_at_1": 1.0, "pass_at_2": 1.0}
     assert report["metrics"]["arc/predictions"] == 9 + 12 * len(task["test"])
     assert report["metrics"]["arc/augmentations"] == 12
@@ -151,14 +152,15 @@ def test_ranks_sharing_the_pairs_report_what_one_process_does(dataset):
     single-process report (wrong answers in some views, so pass@1 and pass@2 differ by task)."""
     cfg = DataConfig(path=str(dataset), num_augmentations=4)
     answers = _answers(dataset, cfg, lambda a: a in (0, 1))  # two right, two alike wrong: a tie
-    whole = evaluate_arc(StandIn(answers), cfg, batch_size=5, pass_ks=(1, 2))
+    voting = Voting(batch_size=5, pass_ks=(1, 2))
+    whole = evaluate_arc(StandIn(answers), cfg, voting=voting)
     shares: list[Share] = []
     for rank in (1, 2):  # the other ranks' shares, as the collective would gather them
-        evaluate_arc(StandIn(answers), cfg, batch_size=5, pass_ks=(1, 2), ranks=(rank, 3),
-                     gather=lambda share: shares.append(share) or [share])
+        evaluate_arc(StandIn(answers), cfg, voting=voting,
+                     shares=Shares(rank, 3, lambda share: shares.append(share) or [share]))
     parts = [share.rows for share in shares]
-    split = evaluate_arc(StandIn(answers), cfg, batch_size=5, pass_ks=(1, 2), ranks=(0, 3),
-                         gather=lambda share: [share, *shares])
+    split = evaluate_arc(StandIn(answers), cfg, voting=voting,
+                         shares=Shares(0, 3, lambda share: [share, *shares]))
     assert split == whole and all(parts) and sum(parts) < whole["metrics"]["arc/predictions"]
     assert whole["metrics"]["arc/pass_at_1"] == 0.0 and whole["metrics"]["arc/pass_at_2"] == 1.0
 
@@ -167,10 +169,10 @@ def test_early_halting_saves_segments(dataset):
     cfg = DataConfig(path=str(dataset), num_augmentations=3)
     answers = _answers(dataset, cfg)
     full = StandIn(answers, max_segments=4, halt_from=2)
-    m = evaluate_arc(full, cfg, batch_size=16)["metrics"]
+    m = evaluate_arc(full, cfg, voting=Voting(batch_size=16))["metrics"]
     assert m["arc/mean_segments_run"] == 4 and m["arc/mean_segments_q"] == 4
     early = StandIn(answers, max_segments=4, halt_from=2)
-    m = evaluate_arc(early, cfg, batch_size=16, halt_early=True)["metrics"]
+    m = evaluate_arc(early, cfg, voting=Voting(batch_size=16, halt_early=True))["metrics"]
     assert m["arc/mean_segments_run"] == 2 and m["arc/compute_saved"] == 0.5
     assert m["arc/pass_at_1"] == 1.0 and early.calls * 2 == full.calls
 
@@ -178,17 +180,17 @@ def test_early_halting_saves_segments(dataset):
 def test_bad_evaluation_options(dataset):
     cfg = DataConfig(path=str(dataset), num_augmentations=3)
     with pytest.raises(ConfigError, match=r"num_augmentations=4 must be in \[1, 3\]"):
-        evaluate_arc(StandIn({}), cfg, num_augmentations=4)
+        evaluate_arc(StandIn({}), cfg, voting=Voting(views=4))
     with pytest.raises(ConfigError, match="pass_ks"):
-        evaluate_arc(StandIn({}), cfg, pass_ks=(0,))
+        evaluate_arc(StandIn({}), cfg, voting=Voting(pass_ks=(0,)))
 
 
 def test_in_run_pass_at_k_equals_urm_ray_eval_on_the_checkpoint(dataset, tmp_path):
     """The trainer's evaluation (EMA weights, eval.width views with eval.views) reports the pass@k that
     `urm-ray eval --augmentations K` reports on the checkpoint saved at that step."""
     from urm_ray.config import load_config
-    from urm_ray.eval import offline
-    from urm_ray.eval.inrun import InRun, Ranks
+    from urm_ray import evaluate
+    from urm_ray.train.evaluation import InRun, Ranks
     from urm_ray.train import checkpoint
     from urm_ray.train.loop import task_spec
     from urm_ray.train.step import build_state, evaluation_model, train_step
@@ -198,7 +200,7 @@ def test_in_run_pass_at_k_equals_urm_ray_eval_on_the_checkpoint(dataset, tmp_pat
         f"data.path={dataset}", "data.num_augmentations=3", "model.hidden_size=16",
         "model.num_heads=2", "model.num_layers=1", "model.loops=2", "model.max_segments=2",
         "model.puzzle_emb_dim=16", "optim.ema_decay=0.5", "optim.warmup_steps=0",
-        "train.global_batch_size=4", "train.eval_batch_size=5", "eval.views=true", "eval.width=3",
+        "train.global_batch_size=4", "eval.batch_size=5", "eval.views=true", "eval.width=3",
         "train.compile=false"])
     meta = store.read_metadata(dataset)
     state = build_state(cfg, task_spec(cfg, meta), torch.device("cpu"))
@@ -218,10 +220,10 @@ def test_in_run_pass_at_k_equals_urm_ray_eval_on_the_checkpoint(dataset, tmp_pat
     folder = tmp_path / "ckpt"
     folder.mkdir()
     checkpoint.save(folder, model, ema, optimizers, checkpoint.Position(step=2), to_dict(cfg))
-    assert offline.task_of(folder).scoring is not None
-    report = offline.evaluate_arc_checkpoint(folder, num_augmentations=3, pass_ks=(1, 2))
-    assert in_run["arc/pass_at_2"] == report["metrics"]["arc/pass_at_2"]
-    assert in_run == report["metrics"]  # pass@1, pass@2 (k <= max(views, 2)), counts, segments
+    assert evaluate.task_of(folder).scoring is not None
+    report = evaluate.evaluate(folder, cfg.eval, evaluate.Request("score", views=3, pass_ks=(1, 2))).metrics
+    assert in_run["arc/pass_at_2"] == report["arc/pass_at_2"]
+    assert in_run == report  # pass@1, pass@2 (k <= max(views, 2)), counts, segments
     assert in_run["arc/augmentations"] == 3 and in_run["arc/predictions"] == 3 * in_run["arc/test_pairs"]
 
 
@@ -229,7 +231,7 @@ def test_arc_views_beyond_the_puzzle_table_are_a_config_error(dataset, tmp_path)
     from urm_ray.config import load_config
     from urm_ray.train.driver import prepare
 
-    args = [f"data.path={dataset}", "data.num_augmentations=3", f"train.storage_path={tmp_path}"]
+    args = [f"data.path={dataset}", "data.num_augmentations=3", f"checkpoint.storage_path={tmp_path}"]
     cfg = load_config("sudoku4-urm", [*args, "eval.views=true", "eval.width=4"])  # a sudoku run may
     with pytest.raises(ConfigError, match=r"eval.width=4 with eval.views=true must be <= 3 on arc data"):
         prepare(cfg)
@@ -251,9 +253,9 @@ def test_views_without_an_own_score_or_curves_warn(sudoku4, tmp_path):
     from urm_ray.config import load_config
     from urm_ray.train.driver import prepare
 
-    args = [f"data.path={sudoku4}", f"train.storage_path={tmp_path}", "eval.views=true", "eval.width=4"]
-    with pytest.warns(UserWarning, match="eval.views=true has no effect on sudoku data without train.eval_curves"):
+    args = [f"data.path={sudoku4}", f"checkpoint.storage_path={tmp_path}", "eval.views=true", "eval.width=4"]
+    with pytest.warns(UserWarning, match="eval.views=true has no effect on sudoku data without eval.curves"):
         prepare(load_config("sudoku4-urm", args))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        prepare(load_config("sudoku4-urm", [*args, "train.eval_curves=true"]))
+        prepare(load_config("sudoku4-urm", [*args, "eval.curves=true"]))

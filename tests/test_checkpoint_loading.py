@@ -92,7 +92,7 @@ def test_a_checkpoint_of_the_earlier_format_loads_and_restores():
     assert np.array_equal(np.random.get_state()[1], state["ranks"][0]["rng"]["numpy"][1])
     tiny.carry = carry
     train_step(tiny, batch(2))  # trains on from it
-    assert tiny.carry.steps.shape == (8,)
+    assert tiny.carry.segments.shape == (8,)
 
 
 def test_the_format_written_now_is_tensors_and_plain_values(tmp_path: Path):
@@ -153,7 +153,7 @@ def test_an_evaluation_sweep_refuses_a_crafted_checkpoint_before_creating_anythi
 
 def test_a_crafted_checkpoint_on_s3_is_refused_for_evaluation_and_resume(tmp_path: Path, s3, monkeypatch):
     """Read through pyarrow's S3 filesystem from a moto server: ``load_checkpoint`` (``urm-ray
-    final``, ``eval`` of a URI) and a Ray Train / Tune resume (``hosts._load``) both refuse it,
+    final``, ``eval`` of a URI) and a Ray Train / Tune resume (``hosts.load``) both refuse it,
     naming the object, and the older checkpoint beside it is no way around the refusal."""
     for key, value in {**FAKE_AWS, "AWS_ENDPOINT_URL": s3}.items():
         monkeypatch.setenv(key, value)
@@ -164,13 +164,13 @@ def test_a_crafted_checkpoint_on_s3_is_refused_for_evaluation_and_resume(tmp_pat
         bucket.upload_file(str(FIXTURE / name), BUCKET, f"refused/run/checkpoint_1/{name}")
         bucket.upload_file(str(folder / name), BUCKET, f"refused/run/checkpoint_2/{name}")
     uri = f"s3://{BUCKET}/refused/run/checkpoint_2"
-    from urm_ray.eval.offline import load_checkpoint
+    from urm_ray.evaluate import load_checkpoint
 
     named = "^" + re.escape(f"{uri}/{checkpoint.STATE_FILE}: refused")
     with pytest.raises(CheckpointRefused, match=named):
         load_checkpoint(uri)
     with pytest.raises(CheckpointRefused, match=named):
-        hosts._load(ray.train.Checkpoint(uri))
+        hosts.load(ray.train.Checkpoint(uri))
     assert not marker.exists()
 
 
@@ -262,11 +262,11 @@ def test_a_ray_resume_passes_over_a_damaged_checkpoint_but_not_a_crafted_one(tmp
     _truncate(_with_step(FIXTURE, trial / "checkpoint_000002", 6))
     _with_step(FIXTURE, trial / "checkpoint_000003", 8)  # newer than the registered one: not taken
     with caplog.at_level(logging.WARNING, logger="urm_ray.train.checkpoint"):
-        state = hosts._load(ray.train.Checkpoint(str(trial / "checkpoint_000002")))
+        state = hosts.load(ray.train.Checkpoint(str(trial / "checkpoint_000002")))
     assert state["position"]["step"] == 4
     assert str(trial / "checkpoint_000002" / checkpoint.STATE_FILE) in caplog.text
     marker = tmp_path / "ran"
     _crafted(trial / "checkpoint_000004", marker)
     with pytest.raises(CheckpointRefused):
-        hosts._load(ray.train.Checkpoint(str(trial / "checkpoint_000004")))
+        hosts.load(ray.train.Checkpoint(str(trial / "checkpoint_000004")))
     assert not marker.exists()

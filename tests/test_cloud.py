@@ -3,7 +3,7 @@
 What a cluster does, on one machine: ``mlflow server`` keeps runs in SQLite and artifacts in an
 S3 bucket (``--artifacts-destination s3://...``, reached through ``MLFLOW_S3_ENDPOINT_URL``);
 ``urm-ray train`` finds the server through ``MLFLOW_TRACKING_URI`` and writes its Ray Train
-checkpoints to ``train.storage_path=s3://...`` (custom endpoint from ``AWS_ENDPOINT_URL``).
+checkpoints to ``checkpoint.storage_path=s3://...`` (custom endpoint from ``AWS_ENDPOINT_URL``).
 A 4-step run of 2 DDP workers checkpoints to S3; the same run name with 8 steps resumes there
 at step 4, logs into the same MLflow run and ends with the same weights, bit for bit, as an
 8-step run never interrupted; artifacts and checkpoints are read back from the bucket with boto3.
@@ -33,8 +33,8 @@ BUCKET = "urm-ray-test"
 FAKE_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1"}
 BIN = Path(sys.executable).parent
-TINY_RUN = [*RUN, "train.num_workers=2", "train.cpus_per_worker=0.5", "train.global_batch_size=16",
-            "train.log_every=2", "train.checkpoint_every=4", "train.eval_max_rows=17",
+TINY_RUN = [*RUN, "resources.num_workers=2", "resources.cpus_per_worker=0.5", "train.global_batch_size=16",
+            "train.log_every=2", "checkpoint.every=4", "eval.max_rows=17",
             "tracking.experiment=cloud", "train.run_name=s3-resume"]
 
 
@@ -124,7 +124,7 @@ def runs(s3, mlflow_server, sudoku_data):
     # No tracking.tracking_uri: the run must find the server through MLFLOW_TRACKING_URI.
     env = subprocess_env(**FAKE_AWS, AWS_ENDPOINT_URL=s3, MLFLOW_TRACKING_URI=mlflow_server,
                          RAY_ADDRESS="local")
-    common = [*TINY_RUN, f"data.path={data}", f"train.storage_path=s3://{BUCKET}/runs"]
+    common = [*TINY_RUN, f"data.path={data}", f"checkpoint.storage_path=s3://{BUCKET}/runs"]
     start = time.monotonic()
     # the uninterrupted run shares nothing with the first: both train at once
     straight_run = start_train([*common, "train.steps=8", "train.run_name=s3-straight"], env)
@@ -171,7 +171,7 @@ def test_mlflow_server_records_the_run_with_artifacts_in_s3(runs, s3, mlflow_ser
 
 def test_checkpoint_on_s3_loads_for_evaluation(runs, s3, monkeypatch):
     """``urm-ray eval`` / ``final`` read a checkpoint straight from its s3:// URI."""
-    from urm_ray.eval.offline import load_checkpoint
+    from urm_ray.evaluate import load_checkpoint
 
     for key, value in {**FAKE_AWS, "AWS_ENDPOINT_URL": s3}.items():
         monkeypatch.setenv(key, value)

@@ -220,7 +220,7 @@ def test_a_diverging_step_is_flagged_on_the_device_and_stops_the_run():
     """lr = 1e6 blows the weights up within a few steps: the step flags it without a host read,
     and the check at the next report raises, naming the first bad step."""
     from urm_ray.errors import TrainingDiverged
-    from urm_ray.eval.inrun import InRun
+    from urm_ray.train.evaluation import InRun
     from urm_ray.train.hosts import ProcessHost
     from urm_ray.train.live import Sender
     from urm_ray.tracking import NullTracker

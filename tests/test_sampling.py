@@ -38,10 +38,11 @@ def test_sample_reports_validity_and_distinctness_of_its_boards(gram_checkpoint,
     report = json.loads(capsys.readouterr().out)
     boards = np.array(report["boards"])
     assert boards.shape == (24, 36) and report["samples"] == 24 and report["task"] == "nqueens"
+    assert (report["mode"], report["step"]) == ("sample", 3)
     valid = nqueens.valid_queens_mask(boards, 6)
-    assert report["valid"] == pytest.approx(valid.mean())
-    assert report["distinct"] == len({tuple(b) for b in boards.tolist()}) > 1  # stochastic
-    assert report["distinct_valid"] == len({tuple(b) for b in boards[valid].tolist()})
+    assert report["sample/valid"] == pytest.approx(valid.mean())
+    assert report["sample/distinct"] == len({tuple(b) for b in boards.tolist()}) > 1  # stochastic
+    assert report["sample/distinct_valid"] == len({tuple(b) for b in boards[valid].tolist()})
 
 
 def test_sample_is_seeded(gram_checkpoint, capsys):
@@ -60,7 +61,7 @@ def test_sample_needs_a_positive_count(gram_checkpoint, capsys):
 def test_sample_at_temperature_zero_draws_the_prior_mean(gram_checkpoint, capsys):
     assert main(["sample", str(gram_checkpoint), "--num", "8", "--temperature", "0"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["temperature"] == 0 and report["distinct"] == 1  # one blank input, no noise
+    assert report["temperature"] == 0 and report["sample/distinct"] == 1  # one blank input, no noise
 
 
 def test_sample_rejects_a_negative_temperature(gram_checkpoint, capsys):
@@ -69,12 +70,13 @@ def test_sample_rejects_a_negative_temperature(gram_checkpoint, capsys):
 
 
 def test_eval_draws_its_prior_samples_at_the_given_temperature(gram_checkpoint, ray_local):
-    from urm_ray.eval.offline import evaluate_checkpoint
+    from urm_ray.eval.config import EvalConfig
+    from urm_ray.evaluate import Request, evaluate
 
     torch.manual_seed(0)  # the draws come from the global generator: a fixed outcome, not a flaky one
-    noisy = evaluate_checkpoint(gram_checkpoint)
-    cold = evaluate_checkpoint(gram_checkpoint, temperature=0.0)
-    assert (noisy["temperature"], cold["temperature"]) == (1.0, 0.0)
+    noisy, cold = (evaluate(gram_checkpoint, EvalConfig(), Request(temperature=t)) for t in (None, 0.0))
+    assert (noisy.details["temperature"], cold.details["temperature"]) == (1.0, 0.0)
+    noisy, cold = noisy.metrics, cold.metrics
     # at 0 every row's 8 draws are the prior mean: one answer per row, so the vote is each draw
     assert cold["eval/vote_token_accuracy"] == pytest.approx(cold["eval/token_accuracy"])
     assert noisy["eval/vote_token_accuracy"] != pytest.approx(noisy["eval/token_accuracy"])
@@ -91,13 +93,13 @@ def test_eval_rejects_a_temperature_for_a_model_without_samples(tmp_path, capsys
 
 
 def test_a_loaded_checkpoint_evaluates_on_this_machines_gpu_else_the_cpu(gram_checkpoint):
-    """``urm-ray eval``, ``sample`` and test-time evaluation load through ``load_checkpoint``: its
+    """``urm-ray eval``, ``sample`` and test-time evaluation load through ``urm_ray.evaluate.load``: its
     model is on the device ``local_device`` chooses, the GPU when the process sees one."""
-    from urm_ray.eval.offline import device_of, load_checkpoint
+    from urm_ray.evaluate import load_checkpoint
     from urm_ray.train.step import local_device
 
     expected = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     assert local_device() == local_device("auto") == expected and local_device("cpu") == torch.device("cpu")
     _, model = load_checkpoint(gram_checkpoint)
-    assert {p.device for p in model.parameters()} == {expected} and device_of(model) == expected
+    assert {p.device for p in model.parameters()} == {expected}
     assert not model.training

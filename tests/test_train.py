@@ -25,7 +25,8 @@ from urm_ray.config import load_config
 from urm_ray.data.tasks import sudoku
 from urm_ray.errors import ConfigError, DataError
 from urm_ray.train.driver import check_storage, fit
-from urm_ray.eval.offline import evaluate_checkpoint
+from urm_ray.eval.config import EvalConfig
+from urm_ray.evaluate import evaluate
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +39,7 @@ def sudoku4(sudoku_data) -> Path:
 
 def _config(tmp_path: Path, data: Path, *overrides: str):
     return load_config("sudoku4-urm", [
-        f"data.path={data}", f"train.storage_path={tmp_path / 'runs'}",
+        f"data.path={data}", f"checkpoint.storage_path={tmp_path / 'runs'}",
         f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", "tracking.experiment=test",
         *overrides,
     ])
@@ -58,8 +59,8 @@ def test_a_run_learns_and_is_recorded_in_mlflow(ray_local, tmp_path: Path, sudok
     MLflow records it, `urm-ray runs` lists it."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     done = _cli(tmp_path, "train", "sudoku4-urm", f"data.path={sudoku4}", f"tracking.tracking_uri={uri}",
-                "tracking.experiment=test", "train.storage_path=runs", "train.steps=300",
-                "train.log_every=20", "train.eval_every=150", "train.checkpoint_every=0",
+                "tracking.experiment=test", "checkpoint.storage_path=runs", "train.steps=300",
+                "train.log_every=20", "eval.every=150", "checkpoint.every=0",
                 "train.run_name=learn", "optim.warmup_steps=100", "train.global_batch_size=64")
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)  # stdout holds the summary alone: Ray's output stays in its logs
@@ -101,7 +102,7 @@ def test_a_run_learns_and_is_recorded_in_mlflow(ray_local, tmp_path: Path, sudok
     saved = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
     assert {"checkpoint/state.pt", "checkpoint/config.yaml"} <= saved
 
-    offline = evaluate_checkpoint(summary["checkpoint"])
+    offline = evaluate(summary["checkpoint"], EvalConfig()).metrics
     assert offline["eval/exact_accuracy"] == pytest.approx(summary["eval/exact_accuracy"])
 
     from urm_ray.cli import main
@@ -124,8 +125,8 @@ def test_unwritable_storage_fails_before_ray(tmp_path: Path, sudoku4: Path):
     import ray
 
     was_up = ray.is_initialized()
-    with pytest.raises(ConfigError, match="train.storage_path='/proc/nope/runs': checkpoints cannot be written"):
-        fit(_config(tmp_path, sudoku4, "train.storage_path=/proc/nope/runs"))
+    with pytest.raises(ConfigError, match="checkpoint.storage_path='/proc/nope/runs': checkpoints cannot be written"):
+        fit(_config(tmp_path, sudoku4, "checkpoint.storage_path=/proc/nope/runs"))
     assert ray.is_initialized() == was_up  # refused before Ray was started
     fit_dir = tmp_path / "fresh" / "runs"
     check_storage(str(fit_dir))  # a missing local folder is created, and the probe removed
@@ -141,13 +142,13 @@ def test_a_search_the_task_lacks_fails_before_ray(tmp_path: Path, preset: str, a
     sudoku.build_generated(out, size=6, num_train=20, num_test=4, blanks=8, seed=1)
     was_up = ray.is_initialized()
     with pytest.raises(ConfigError, match=r"sudoku: a nearest-board search .* \(got 6x6\)"):
-        fit(load_config(preset, [f"data.path={out}", f"train.storage_path={tmp_path / 'runs'}", *asks]))
+        fit(load_config(preset, [f"data.path={out}", f"checkpoint.storage_path={tmp_path / 'runs'}", *asks]))
     assert ray.is_initialized() == was_up and not (tmp_path / "runs").exists()
 
 
 def test_unplaceable_workers_fail_at_once(ray_local, tmp_path: Path, sudoku4: Path):
-    with pytest.raises(ConfigError, match="train.num_workers=4"):
-        fit(_config(tmp_path, sudoku4, "train.num_workers=4", "train.global_batch_size=128"))
+    with pytest.raises(ConfigError, match="resources.num_workers=4"):
+        fit(_config(tmp_path, sudoku4, "resources.num_workers=4", "train.global_batch_size=128"))
 
 
 def test_a_diverging_run_fails_with_its_reason_and_no_checkpoint(ray_local, tmp_path: Path, sudoku4: Path,
@@ -156,10 +157,10 @@ def test_a_diverging_run_fails_with_its_reason_and_no_checkpoint(ray_local, tmp_
     line naming the step, the MLflow run is FAILED with that reason, and no checkpoint exists."""
     from urm_ray.cli import main
 
-    overrides = [f"data.path={sudoku4}", f"train.storage_path={tmp_path / 'runs'}",
+    overrides = [f"data.path={sudoku4}", f"checkpoint.storage_path={tmp_path / 'runs'}",
                  f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", "tracking.experiment=test",
                  "optim.lr=1e6", "optim.warmup_steps=0", "train.steps=40", "train.log_every=10",
-                 "train.eval_every=20", "train.checkpoint_every=20", "train.run_name=nan"]
+                 "eval.every=20", "checkpoint.every=20", "train.run_name=nan"]
     assert main(["train", "sudoku4-urm", *overrides]) == 1
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("urm-ray: training failed: non-finite loss at step "), error
@@ -192,7 +193,7 @@ def test_arc_tiny_trains_and_logs_pass_at_2(ray_local, tmp_path: Path, capsys):
                  "model.hidden_size=16", "model.num_heads=2", "model.num_layers=1",
                  "model.max_segments=2", "model.puzzle_emb_dim=16", "train.steps=4",
                  "train.global_batch_size=4", "train.log_every=2", "eval.views=true", "eval.width=2",
-                 "train.eval_batch_size=8", f"train.storage_path={tmp_path / 'runs'}",
+                 "eval.batch_size=8", f"checkpoint.storage_path={tmp_path / 'runs'}",
                  f"tracking.tracking_uri={uri}", "tracking.experiment=test"]) == 0
     summary = json.loads(capsys.readouterr().out)
     metrics = MlflowClient(uri).get_run(summary["mlflow_run_id"]).data.metrics
@@ -210,9 +211,9 @@ def test_ctrl_c_closes_the_run_killed(tmp_path: Path, sudoku4: Path):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cmd = [sys.executable, "-m", "urm_ray.cli", "train", "sudoku4-urm", f"data.path={sudoku4}",
-           f"train.storage_path={tmp_path / 'runs'}", f"tracking.tracking_uri={uri}",
+           f"checkpoint.storage_path={tmp_path / 'runs'}", f"tracking.tracking_uri={uri}",
            "tracking.experiment=test", "train.steps=100000", "train.log_every=10",
-           "train.checkpoint_every=10", "train.run_name=stop"]
+           "checkpoint.every=10", "train.run_name=stop"]
     log = (tmp_path / "stderr.txt").open("w")
     proc = subprocess.Popen(cmd, env={**os.environ, "RAY_ADDRESS": "local"}, stdout=subprocess.DEVNULL,
                             stderr=log, text=True)

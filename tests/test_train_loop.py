@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from urm_ray.eval.inrun import InRun
+from urm_ray.train.evaluation import InRun
 from urm_ray.tracking import NullTracker
 from urm_ray.train.hosts import ProcessHost
 from urm_ray.train.live import Sender
@@ -40,9 +40,9 @@ class Rows:
 
 def _loop(steps: int, rows: Rows, tmp_path: Path) -> Loop:
     tiny = trainer("urm", False)
-    tiny.cfg = replace(tiny.cfg, train=replace(tiny.cfg.train, steps=steps, log_every=100,
-                                               eval_every=0, checkpoint_every=0))
-    evaluation = InRun(tiny.cfg, None, 0, None)  # eval_every=0 and steps it never reaches: not called
+    tiny.cfg = replace(tiny.cfg, train=replace(tiny.cfg.train, steps=steps, log_every=100),
+                       eval=replace(tiny.cfg.eval, every=0), checkpoint=replace(tiny.cfg.checkpoint, every=0))
+    evaluation = InRun(tiny.cfg, None, 0, None)  # eval.every=0 and steps it never reaches: not called
     loop = Loop(tiny, ProcessHost({"train": rows}, tmp_path, 1), NullTracker(), Sender(), evaluation)
     loop._report = lambda metrics: None  # the last step's evaluation reads no held-out split here
     return loop

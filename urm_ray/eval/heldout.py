@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from urm_ray.eval.voting import coverage, majority_vote
+from urm_ray.metrics import IGNORE, exact, token_counts
 from urm_ray.models.registry import family_of
 
-IGNORE = -100
 SUM_KEYS = ("rows", "exact", "tokens_correct", "tokens", "segments", "q_segments", "q_exact", "valid")
 
 # (answers, inputs, labels) [N, L] tokens -> [N] bool, e.g. a task verifier
@@ -76,9 +76,7 @@ def _correctness(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tens
 
 def _answer_correctness(answers: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Per row: exact match, correct tokens, supervised tokens. answers, labels [B, L]."""
-    mask = labels != IGNORE
-    correct = (answers == labels) & mask
-    return correct.sum(-1) == mask.sum(-1), correct.sum(-1), mask.sum(-1)
+    return (exact(answers, labels), *token_counts(answers, labels))
 
 
 def accumulate(per_batch: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],

@@ -1,6 +1,6 @@
-"""Unconditional generation from a checkpoint (``urm-ray sample``): boards from an empty input.
+"""Unconditional generation (``urm-ray sample``): boards drawn from an empty input, judged.
 
-    urm-ray sample runs/nqueens8-gram/checkpoint_000002 --num 64
+    drawn = sample_boards(model, meta, num=64, seed=0)    # model in eval mode (urm_ray.evaluate loads it)
 
 A stochastic model (GRAM) draws ``num`` trajectories from its prior, all in one batch, starting
 from the all-blank board; the task's verifier judges each sample. The report counts valid and
@@ -9,30 +9,24 @@ distinct samples, which is what a generator is for: valid, and not the same boar
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
+from torch import nn
 
-from urm_ray.data import stream
+from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks.verify import verifier_for
-from urm_ray.errors import DataError
-from urm_ray.eval.heldout import IGNORE, generate_unconditional
-from urm_ray.eval.offline import load_checkpoint
+from urm_ray.eval.heldout import generate_unconditional
+from urm_ray.metrics import IGNORE
 from urm_ray.models.registry import family_of
 
 BLANK_TOKEN = 1  # the empty cell of the Sudoku and N-Queens datasets (0 is padding)
 
 
-def sample_checkpoint(folder: str | Path, num: int, seed: int = 0,
-                      temperature: Optional[float] = None) -> dict[str, Any]:
-    """``num`` boards sampled from the blank input, with their validity and distinctness; a
-    ``temperature`` replaces the checkpoint's ``model.sample_temperature`` (GRAM only)."""
-    if num < 1:
-        raise DataError(f"--num {num}: expected at least 1 sample")
-    cfg, model = load_checkpoint(folder, temperature)
-    meta = stream.load_meta(cfg.data)
-    verifier = verifier_for(meta.task, meta.seq_len)  # ConfigError for tasks without one (ARC)
+def sample_boards(model: nn.Module, meta: DatasetMeta, num: int, seed: int = 0) -> dict[str, Any]:
+    """``num`` boards sampled from the blank input under ``seed``, with the fraction the task's
+    verifier accepts and how many are distinct (ConfigError for a task without a verifier: ARC)."""
+    verifier = verifier_for(meta.task, meta.seq_len)
     torch.manual_seed(seed)
     boards = generate_unconditional(model, num, BLANK_TOKEN)  # [N, L]
     blank = torch.full_like(boards, BLANK_TOKEN)

@@ -50,8 +50,9 @@ from torch import Tensor, nn
 
 from urm_ray.data.augment import Transform, TransformFn, row_transforms
 from urm_ray.eval.config import EvalConfig, Select
-from urm_ray.eval.heldout import IGNORE, Verifier
+from urm_ray.eval.heldout import Verifier
 from urm_ray.eval.voting import majority_vote
+from urm_ray.metrics import exact
 from urm_ray.models.family import TestTime
 from urm_ray.models.registry import family_of
 
@@ -204,12 +205,6 @@ def choose(candidates: Answered, how: Select) -> Tensor:
     return majority_vote(candidates.answers)
 
 
-def exact(answers: Tensor, labels: Tensor) -> Tensor:
-    """[..., B] bool: the answer equals the label on every supervised token."""
-    mask = labels != IGNORE
-    return ((answers == labels) | ~mask).all(-1)
-
-
 @torch.no_grad()
 def evaluate_testtime(model: nn.Module, batch: dict[str, Tensor], settings: EvalConfig,
                       verifier: Optional[Verifier] = None,
@@ -350,9 +345,12 @@ def plot_curves(report: dict[str, object], path: str, title: str = "") -> str:
     return path
 
 
+# the report's numbers (the rest describes the settings and holds the curves)
+SCALARS = ("exact_accuracy", "vote_exact_accuracy", "q_exact_accuracy", "confidence_exact_accuracy",
+           "oracle_exact_accuracy", "valid_accuracy", "vote_valid_accuracy", "q_valid_accuracy",
+           "confidence_valid_accuracy", "oracle_valid_accuracy", "passes_per_puzzle", "seconds_per_puzzle")
+
+
 def scalar_metrics(report: dict[str, object], prefix: str = "eval/testtime/") -> dict[str, float]:
     """The report's numbers (accuracies, passes, seconds) as MLflow metrics."""
-    keys = ("exact_accuracy", "vote_exact_accuracy", "q_exact_accuracy", "confidence_exact_accuracy",
-            "oracle_exact_accuracy", "valid_accuracy", "vote_valid_accuracy", "q_valid_accuracy",
-            "confidence_valid_accuracy", "oracle_valid_accuracy", "passes_per_puzzle", "seconds_per_puzzle")
-    return {f"{prefix}{key}": float(report[key]) for key in keys}
+    return {f"{prefix}{key}": float(report[key]) for key in SCALARS}

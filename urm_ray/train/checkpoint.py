@@ -6,7 +6,7 @@ rank the RNG states and the ACT carry) and ``config.yaml`` (the resolved run con
 exactly as the uninterrupted run would have (bit for bit on CPU): the rows in flight keep their
 recurrent state and the random draws (ACT exploration, GRAM's noise) repeat.
 
-A checkpoint reaches ``train.storage_path`` whole or not at all (``upload``): on a local disk it
+A checkpoint reaches ``checkpoint.storage_path`` whole or not at all (``upload``): on a local disk it
 is written under a hidden temporary name (``.partial-<name>``), flushed to the disk and renamed
 at the end, so a crash or power loss at any moment leaves the folder whole or absent; the
 temporary folders a crash left are removed by the run's next write. On object storage, where
@@ -279,13 +279,26 @@ def load_newest(folders: Sequence[Folder], read: Callable[[Folder], dict[str, An
 
 
 def load_config_dict(folder: Path) -> dict[str, Any]:
+    """The run config a checkpoint folder holds, its renamed keys under their new names (a
+    checkpoint written before a rename still loads)."""
+    from urm_ray.config import renamed
+
     path = folder / CONFIG_FILE
     if not path.is_file():
         raise DataError(f"{folder}: not a urm_ray checkpoint folder ({CONFIG_FILE} is missing); expected "
-                        "a checkpoint_<time> folder under train.storage_path/<run_name>")
+                        "a checkpoint_<time> folder under checkpoint.storage_path/<run_name>")
     import yaml
 
-    return yaml.safe_load(path.read_text())
+    data = yaml.safe_load(path.read_text())
+    return renamed(data) if isinstance(data, dict) else data
+
+
+def restore_weights(state: dict[str, Any], model: torch.nn.Module, ema: Any | None) -> None:
+    """The saved weights into a freshly built model, and the saved averages into its EMA where
+    both the run and the build keep one: what resuming and evaluating a checkpoint both load."""
+    model.load_state_dict(state["model"])
+    if ema is not None and state["ema"] is not None:
+        ema.load_state_dict(state["ema"])
 
 
 def restore(
@@ -295,9 +308,7 @@ def restore(
     """Load a saved state into freshly built objects; returns the saved position and this rank's
     ACT carry (None: the rows start afresh). A rank the checkpoint has no state for (the run
     resumes on more workers) gets a fresh per-rank seed instead."""
-    model.load_state_dict(state["model"])
-    if ema is not None and state["ema"] is not None:
-        ema.load_state_dict(state["ema"])
+    restore_weights(state, model, ema)
     for opt, opt_state in zip(optimizers, state["optimizers"], strict=True):
         opt.load_state_dict(opt_state)
     ranks = state.get("ranks") or [{"rng": state["rng"], "carry": None}]  # older checkpoints
@@ -306,6 +317,10 @@ def restore(
         return Position(**state["position"]), None
     set_rng_state(ranks[rank]["rng"])
     carry = ranks[rank]["carry"]
-    if isinstance(carry, dict):  # else an ACTCarry, as older checkpoints hold it
+    if isinstance(carry, ACTCarry):  # as older checkpoints hold it: its fields as pickled
+        carry = dict(vars(carry))
+    if isinstance(carry, dict):
+        if "steps" in carry:  # the segment counter's name in older checkpoints
+            carry["segments"] = carry.pop("steps")
         carry = ACTCarry(**carry)
     return Position(**state["position"]), carry

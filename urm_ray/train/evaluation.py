@@ -4,10 +4,10 @@
     metrics = evaluation.run(model, batches, ranks, step, log_plot)   # model in eval mode, EMA weights
 
 - the plain held-out metrics (``heldout``), judged by the task's verifier;
-- with ``train.eval_samples``: GRAM's sampled trajectories, voted, with coverage;
+- with ``eval.samples``: GRAM's sampled trajectories, voted, with coverage;
 - with ``eval.views``, the task's own score where it has one (``PuzzleTask.scoring``): ARC's
   pass@k by voting over ``eval.width`` augmented views of each test input;
-- with ``train.eval_curves``: the test-time evaluation under the ``eval`` section (``testtime``),
+- with ``eval.curves``: the test-time evaluation under the ``eval`` section (``testtime``),
   accuracy against depth and width, and its plot.
 
 Sums are combined across ranks by ``ranks.reduce`` (an all-reduce) before dividing, and ARC's
@@ -70,12 +70,12 @@ class InRun:
             log_plot: Callable[[Path], None]) -> dict[str, float]:
         """The metrics of one evaluation at training ``step``; rank 0 hands the curves' plot to
         ``log_plot`` (a file that lasts for the call)."""
-        train = self.cfg.train
-        metrics = held_out_metrics(model, lambda: batches(train.eval_batch_size), train.eval_samples,
+        settings = self.cfg.eval
+        metrics = held_out_metrics(model, lambda: batches(settings.batch_size), settings.samples,
                                    self.verifier, reduce=ranks.reduce)
         if self.scoring is not None:
             metrics.update(self.own_metrics(model, ranks))
-        if train.eval_curves:
+        if settings.curves:
             curves, report = self.curves(model, batches, ranks)
             metrics.update(curves)
             if ranks.rank == 0:
@@ -88,10 +88,10 @@ class InRun:
         test input, with pass@k for k up to the views (pass@1 and pass@2 always); each rank votes
         on a share of the test pairs."""
         assert self.scoring is not None
-        views, train = self.own_views, self.cfg.train
+        views, settings = self.own_views, self.cfg.eval
         report = self.scoring.score(
-            model, self.cfg.data, self.cfg.data.eval_split, views=views, batch_size=train.eval_batch_size,
-            pass_ks=tuple(k for k in self.scoring.pass_ks if k <= max(views, 2)), max_rows=train.eval_max_rows,
+            model, self.cfg.data, self.cfg.data.eval_split, views=views, batch_size=settings.batch_size,
+            pass_ks=tuple(k for k in self.scoring.pass_ks if k <= max(views, 2)), max_rows=settings.max_rows,
             device=ranks.device, ranks=(ranks.rank, ranks.world), gather=ranks.gather)
         return report["metrics"]
 
@@ -99,7 +99,7 @@ class InRun:
         """Held-out exact and valid accuracy against depth and width under the ``eval`` section, as
         metrics ``eval/curves/*``, and the report they come from."""
         settings = self.cfg.eval
-        rows = max(1, self.cfg.train.eval_batch_size // settings.width)  # rows x width per forward
+        rows = max(1, self.cfg.eval.batch_size // settings.width)  # rows x width per forward
         with testtime.applied(model, settings):
             sums = ranks.reduce(testtime.accumulate(batches(rows), model, settings, self.verifier, self.augment))
         report = testtime.summarize(sums, settings)

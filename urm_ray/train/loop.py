@@ -24,16 +24,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from urm_ray.config import RunConfig, TrainConfig, build_config
+from urm_ray.config import ResourcesConfig, RunConfig, build_config
 from urm_ray.data import stream
 from urm_ray.data.store import DatasetMeta
 from urm_ray.errors import TrainingDiverged
-from urm_ray.eval.inrun import InRun, Ranks
+from urm_ray.train.evaluation import InRun, Ranks
 from urm_ray.losses import per_row
 from urm_ray.models.task import TaskSpec
 from urm_ray.objectives import objective_for
 from urm_ray.outbox import one_line
-from urm_ray.tracking import FAILED_FLUSH_S, Tracker, make_tracker
+from urm_ray.tracking import FAILED_FLUSH_S, Tracker, run_of
 from urm_ray.train import checkpoint
 from urm_ray.train.hosts import Host, WorkerHost
 from urm_ray.train.live import Sender
@@ -50,10 +50,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     cfg = build_config(loop_config["config"])
     host = WorkerHost()
     progress = Sender(loop_config["progress"] if host.rank == 0 else None)
-    tracker = make_tracker(loop_config["tracking_uri"], loop_config["run_id"], host.rank == 0)
+    tracker = run_of(loop_config["tracking_uri"], loop_config["run_id"]).tracker(host.rank == 0)
     # DDP broadcasts rank 0's weights; the puzzle table is a buffer updated identically on every
     # rank by the sign-SGD optimizer (which all-gathers its rows), so buffers are not broadcast.
-    device = ray.train.torch.get_device()
+    device = host.device()
     wrap = lambda model: ray.train.torch.prepare_model(  # noqa: E731
         model, move_to_device=device, parallel_strategy_kwargs={"broadcast_buffers": False})
     run_loop(cfg, loop_config["meta"], host, device, tracker, progress, wrap)
@@ -64,8 +64,8 @@ def task_spec(cfg: RunConfig, meta: DatasetMeta) -> TaskSpec:
     return TaskSpec(meta.vocab_size, meta.seq_len, stream.puzzle_table_size(meta, cfg.data))
 
 
-def torch_threads(cfg: TrainConfig) -> int:
-    """Intra-op threads of one worker: ``train.torch_threads``, else the CPUs it was given."""
+def torch_threads(cfg: ResourcesConfig) -> int:
+    """Intra-op threads of one worker: ``resources.torch_threads``, else the CPUs it was given."""
     return cfg.torch_threads or max(1, int(cfg.cpus_per_worker))
 
 
@@ -77,7 +77,7 @@ def run_loop(cfg: RunConfig, meta: DatasetMeta, host: Host, device: torch.device
     progress = progress or Sender()
     use_tf32(device)
     threads = torch.get_num_threads()
-    torch.set_num_threads(torch_threads(cfg.train))
+    torch.set_num_threads(torch_threads(cfg.resources))
     try:
         progress.phase(f"building the model ({cfg.model.name}) on {host.world} worker(s)")
         state = build_state(cfg, task_spec(cfg, meta), device, objective=objective_for(cfg, meta),
@@ -104,15 +104,15 @@ def _every(period: int, step: int) -> bool:
     return period > 0 and step % period == 0
 
 
-def _report_due(cfg: TrainConfig, step: int) -> bool:
+def _report_due(cfg: RunConfig, step: int) -> bool:
     """Every rank reports at the same steps: logging, evaluation, checkpoint and the last step."""
-    return step == cfg.steps or any(
-        _every(period, step) for period in (cfg.log_every, cfg.eval_every, cfg.checkpoint_every))
+    return step == cfg.train.steps or any(
+        _every(period, step) for period in (cfg.train.log_every, cfg.eval.every, cfg.checkpoint.every))
 
 
 class Loop:
     """Trains one worker's ``state`` from its position to ``train.steps`` on ``host``, evaluating
-    with ``evaluation`` (``eval.inrun``)."""
+    with ``evaluation`` (``train.evaluation``)."""
 
     def __init__(self, state: TrainState, host: Host, tracker: Tracker, progress: Sender,
                  evaluation: InRun) -> None:
@@ -160,7 +160,7 @@ class Loop:
             first_nonfinite = _first_nonfinite(first_nonfinite, metrics.pop("nonfinite"), position.step)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0) + value
-            if _report_due(cfg, position.step):
+            if _report_due(self.cfg, position.step):
                 self._stop_if_diverged(first_nonfinite)
                 elapsed = time.perf_counter() - window_start
                 self.seconds["time/train_s"] += elapsed
@@ -231,7 +231,7 @@ class Loop:
         return out
 
     def _evaluate(self) -> dict[str, float]:
-        """Held-out metrics over every eval row once (``eval.inrun``): each rank reads the whole
+        """Held-out metrics over every eval row once (``train.evaluation``): each rank reads the whole
         (unsplit) split in stored order and scores every world-th batch; sums are all-reduced."""
         rows, rank, world = self.host.shard("eval"), self.host.rank, self.host.world
         device = self.state.device
@@ -249,7 +249,7 @@ class Loop:
     def _report(self, metrics: dict[str, float]) -> None:
         cfg, position = self.cfg.train, self.state.position
         done = position.step == cfg.steps
-        if _every(cfg.eval_every, position.step) or done:
+        if _every(self.cfg.eval.every, position.step) or done:
             self.progress.phase(f"evaluating at step {position.step}")
             start = time.perf_counter()
             self.last_eval = self._evaluate()
@@ -259,7 +259,7 @@ class Loop:
         self.tracker.log(metrics, position.step)
         metrics = {**self.last_eval, **metrics, "step": position.step, "epoch": position.epoch}
         self.progress.report(position.step, metrics)
-        if not (_every(cfg.checkpoint_every, position.step) or done):
+        if not (_every(self.cfg.checkpoint.every, position.step) or done):
             self.host.report(metrics, None, position.step)
             return
         self.progress.phase(f"saving the checkpoint at step {position.step}")

@@ -1,7 +1,7 @@
 """Reuse a sweep: export its best config; re-run the top configs over seeds; train the winner.
 
     urm-ray best NAME                        print the best config, write <sweep>/best_config.yaml
-    urm-ray final NAME --seeds 3 train.num_workers=2
+    urm-ray final NAME --seeds 3 resources.num_workers=2
     urm-ray best NAME --pick 5               several objectives: the Pareto front, trial 5's config
     urm-ray final NAME --pick 5              train the front's trial 5
 
@@ -147,7 +147,7 @@ def _seed_config(info: SweepInfo, space: SearchSpace, trial: FrozenTrial, seed: 
     return space.trial_config(dict(trial.params), {
         **info.trial_overrides, "train.seed": seed, "data.shuffle_seed": seed,
         "train.run_name": f"{info.name}-final-t{trial.number:03d}-s{seed}",
-        "train.storage_path": info.runs_path("final"), "tracking.tracking_uri": info.tracking_uri,
+        "checkpoint.storage_path": info.runs_path("final"), "tracking.tracking_uri": info.tracking_uri,
         "tracking.experiment": info.experiment,
     })
 
@@ -156,15 +156,15 @@ def _seed_run(config: dict[str, Any], runs: dict[str, tuple[int, dict[str, Any]]
               tags: dict[str, str], metric: str) -> None:
     """Tune trainable: one (candidate, seed) run, reporting its final metric (a one-worker run
     trains in the trial actor and reports each evaluation)."""
-    from urm_ray.train.driver import fit, fit_in_trial
+    from urm_ray.train.driver import fit
+    from urm_ray.tune.trial_host import in_sweep
 
     number, data = runs[config["run"]]
     cfg, tags = build_config(data), {**tags, TRIAL_TAG: str(number)}
-    if cfg.train.num_workers == 1:
-        fit_in_trial(cfg, tags, {}, lambda metrics, _: {metric: metrics[metric]} if metric in metrics else None)
-        return
-    result = fit(cfg, tags=tags)
-    ray.tune.report({metric: result.metrics.get(metric, float("nan"))})
+    to_tune = lambda metrics, _: {metric: metrics[metric]} if metric in metrics else None  # noqa: E731
+    result = fit(cfg, tags=tags, sweep=in_sweep(to_tune))
+    if cfg.resources.num_workers > 1:
+        ray.tune.report({metric: result.metrics.get(metric, float("nan"))})
 
 
 def _reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTrial], seeds: int,
@@ -210,14 +210,14 @@ def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, over
                   parent: str, model_name: str, scale_up_s: float = 0.0,
                   live: bool = False) -> FinalOutcome:
     from urm_ray.train.driver import fit
-    from urm_ray.eval.offline import load_checkpoint
+    from urm_ray.evaluate import load_checkpoint
 
     # the trials' resources stay behind: the run at full length gets the base config's, the
     # space's final overrides or the command line's
     data = with_values(space.base, {**dict(winner.params), **without_resources(info.trial_overrides),
                                     **space.spec.final.overrides})
     data = apply_overrides(data, [*overrides, f"train.run_name={info.name}-final-t{winner.number:03d}",
-                                  f"train.storage_path={info.runs_path('final')}",
+                                  f"checkpoint.storage_path={info.runs_path('final')}",
                                   f"tracking.tracking_uri={info.tracking_uri}",
                                   f"tracking.experiment={info.experiment}"])
     cfg = build_config(data)

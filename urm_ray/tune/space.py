@@ -16,6 +16,7 @@ change the space (``trials=8``, ``scheduler.grace_steps=50``).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import warnings
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ import optuna
 import yaml
 
 from urm_ray.config import (
+    RENAMED,
     SECTIONS,
     RunConfig,
     apply_overrides,
@@ -35,6 +37,7 @@ from urm_ray.config import (
     flatten,
     parse_overrides,
     read_yaml,
+    renamed,
     with_values,
 )
 from urm_ray.data.tasks import registry
@@ -42,12 +45,12 @@ from urm_ray.errors import CheckpointError, ConfigError
 from urm_ray.eval.config import EvalConfig
 from urm_ray.tune.expr import Expr
 from urm_ray.tune.params import Param, Value
-from urm_ray.typed import did_you_mean, from_dict, to_dict
+from urm_ray.typed import _fields, did_you_mean, from_dict, to_dict
 
 CONFIG_SECTIONS = ("model", *SECTIONS)
 # Set by the sweep itself (names, paths, resources) or fixed for fair comparison (length).
-NOT_SEARCHABLE = ("train.steps", "train.run_name", "train.storage_path", "train.num_workers",
-                  "train.cpus_per_worker", "train.gpus_per_worker", "train.device", "data.path")
+NOT_SEARCHABLE = ("train.steps", "train.run_name", "checkpoint.storage_path", "resources.num_workers",
+                  "resources.cpus_per_worker", "resources.gpus_per_worker", "resources.device", "data.path")
 MAX_COMBINATIONS = 4096  # combinations of grid values that validation tries, at most
 # metrics a run reports: held-out evaluation (eval/*, and each task's own score, e.g. ARC's arc/*)
 # and training
@@ -68,10 +71,10 @@ class Objective:
 class Resources:
     """Per trial: Ray Train workers and their shares (GPU training when gpus_per_worker > 0)."""
 
-    workers: int = 1  # Ray Train workers per trial (its train.num_workers)
-    cpus_per_worker: float = 1.0  # CPUs each worker reserves (its train.cpus_per_worker)
+    workers: int = 1  # Ray Train workers per trial (its resources.num_workers)
+    cpus_per_worker: float = 1.0  # CPUs each worker reserves (its resources.cpus_per_worker)
     gpus_per_worker: float = 0.0  # GPUs each worker reserves; 0 = trials train on CPU
-    # custom Ray resources per worker (train.worker_resources), e.g. {"spot_gpu": 1} to keep
+    # custom Ray resources per worker (resources.worker_resources), e.g. {"spot_gpu": 1} to keep
     # trials on the cluster's spot node types; concurrency is limited by what the cluster offers
     custom: dict = field(default_factory=dict)
 
@@ -81,7 +84,7 @@ class Scheduler:
     """Early stopping, in training steps; rungs should fall on evaluation steps."""
 
     name: Literal["asha", "median", "none"] = "asha"  # ASHA, the median-stopping rule, or no early stopping
-    grace_steps: int = 0  # steps every trial runs before it can be stopped; 0 = train.eval_every
+    grace_steps: int = 0  # steps every trial runs before it can be stopped; 0 = eval.every
     reduction_factor: float = 3.0  # ASHA: 1 in this many trials goes on at each rung
 
 
@@ -222,8 +225,22 @@ def load_space(source: str, overrides: list[str] | None = None) -> SearchSpace:
     return space_from_dict(data, path, overrides or [])
 
 
+def _space_key(key: str) -> bool:
+    """Whether a dotted override key names a key of the space file: ``checkpoint`` and
+    ``resources.workers`` do, ``checkpoint.every`` and ``resources.num_workers`` (run config
+    sections of the same names) do not."""
+    head, _, rest = key.partition(".")
+    hints, names = _fields(SpaceSpec)
+    if head not in names:
+        return False
+    if not rest or not dataclasses.is_dataclass(hints[head]):
+        return not rest or head not in CONFIG_SECTIONS
+    return rest.split(".")[0] in _fields(hints[head])[1]
+
+
 def space_from_dict(data: dict[str, Any], path: Path, overrides: list[str]) -> SearchSpace:
-    config_over = [o for o in overrides if o.partition("=")[0].split(".")[0] in CONFIG_SECTIONS]
+    config_over = [o for o in overrides if o.partition("=")[0].split(".")[0] in CONFIG_SECTIONS
+                   and not _space_key(o.partition("=")[0])]
     space_over = [o for o in overrides if o not in config_over]
     data = _one_objective_form(with_values(data, parse_overrides(space_over, "trials=8")), path)
     spec = from_dict(SpaceSpec, data, path.stem)
@@ -275,8 +292,9 @@ def _checkpoint_config(folder: Path) -> dict[str, Any]:
     path = folder / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"checkpoint {folder}: not a urm_ray checkpoint folder (config.yaml is missing); "
-                          "expected a checkpoint_<time> folder under train.storage_path/<run_name>")
-    return yaml.safe_load(path.read_text())
+                          "expected a checkpoint_<time> folder under checkpoint.storage_path/<run_name>")
+    data = yaml.safe_load(path.read_text())
+    return renamed(data) if isinstance(data, dict) else data  # written before a rename: new key names
 
 
 def _check_checkpoint_state(path: Path, folder: Path) -> None:
@@ -298,6 +316,8 @@ def validate(space: SearchSpace) -> None:
     _check_numbers(spec)
     seen: set[str] = set()
     for param in space.params:
+        if param.key in RENAMED:
+            raise ConfigError(f"parameter {param.key}: {param.key} was renamed {RENAMED[param.key]}")
         if param.key not in known:
             raise ConfigError(f"parameter {param.key}: unknown config key{did_you_mean(param.key, known)} "
                               f"(valid: {_close(param.key, known)})")
@@ -376,24 +396,24 @@ def _check_evaluation(space: SearchSpace) -> None:
                           "there is nothing to stop early; use scheduler.name=none")
     searched = {p.key for p in space.params}
     if space.base_config.eval.views or space.fixed.get("eval.views") or "eval.views" in searched:
-        from urm_ray.eval import offline
+        from urm_ray.evaluate import task_of
 
-        EvalConfig(views=True).check_task(offline.task_of(space.spec.checkpoint))
+        EvalConfig(views=True).check_task(task_of(space.spec.checkpoint))
 
 
 def _check_scheduler(space: SearchSpace) -> None:
-    sched, train = space.spec.scheduler, space.base_config.train
+    sched, train, every = space.spec.scheduler, space.base_config.train, space.base_config.eval.every
     if sched.name == "none":
         return
-    if space.metric.startswith(EVALUATED) and train.eval_every == 0:
+    if space.metric.startswith(EVALUATED) and every == 0:
         raise ConfigError(f"scheduler.name={sched.name} prunes on {space.metric}, which is only "
-                          "reported at the end with train.eval_every=0; set train.eval_every")
-    grace = sched.grace_steps or train.eval_every or train.log_every
+                          "reported at the end with eval.every=0; set eval.every")
+    grace = sched.grace_steps or every or train.log_every
     if not 0 < grace < train.steps:
         raise ConfigError(f"scheduler.grace_steps={grace} must be in (0, train.steps={train.steps})")
-    if train.eval_every and grace % train.eval_every:
-        raise ConfigError(f"scheduler.grace_steps={grace} must be a multiple of train.eval_every="
-                          f"{train.eval_every}, so pruning compares fresh evaluations")
+    if every and grace % every:
+        raise ConfigError(f"scheduler.grace_steps={grace} must be a multiple of eval.every="
+                          f"{every}, so pruning compares fresh evaluations")
     if len(space.spec.objectives) > 1 and sched.name == "median":
         raise ConfigError("scheduler.name=median compares the first objective alone; with several "
                           "objectives use asha (it stops a trial only where another dominates it) or none")

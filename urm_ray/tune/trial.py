@@ -79,7 +79,7 @@ def allow_slow_stops() -> None:
 def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     allow_slow_stops()
     # the trial holds its workers' devices from here on, also while it imports and loads data
-    workers = int(ctx.extra.get("train.num_workers", ctx.space.base_config.train.num_workers))
+    workers = int(ctx.extra.get("resources.num_workers", ctx.space.base_config.resources.num_workers))
     name = trial_run_name(ctx.sweep, split_config(config)[0])
     try:
         with measured(ctx.tracking_uri, ctx.experiment, name, workers):
@@ -108,7 +108,8 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def _run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
-    from urm_ray.train.driver import fit, fit_in_trial  # the driver imports torch; keep this module light
+    from urm_ray.train.driver import fit  # the driver imports torch; keep this module light
+    from urm_ray.tune.trial_host import in_sweep
 
     number, values = split_config(config)
     name = trial_run_name(ctx.sweep, number)
@@ -122,12 +123,11 @@ def _run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     if ctx.space.evaluates:
         _evaluate(ctx, cfg, name, tags, params, derived)
         return
-    if cfg.train.num_workers == 1:
+    if cfg.resources.num_workers == 1:
         forget_compiled_graphs(cfg)
-        fit_in_trial(cfg, tags, params, derived.for_tune, ctx.meta)
-        return
-    result = fit(cfg, tags=tags, callbacks=[DerivedReport(derived)], params=params, meta=ctx.meta)
-    if result.metrics.get("step") == cfg.train.steps:
+    result = fit(cfg, tags=tags, params=params, meta=ctx.meta,
+                 sweep=in_sweep(derived.for_tune, [DerivedReport(derived)]))
+    if cfg.resources.num_workers > 1 and result.metrics.get("step") == cfg.train.steps:
         # A run resumed after its last step reports nothing itself: hand Tune its final result.
         ray.tune.report(derived.add(result.metrics))
 
@@ -145,40 +145,31 @@ def forget_compiled_graphs(cfg: Any) -> None:
 def _evaluate(ctx: TrialContext, cfg: Any, name: str, tags: dict[str, str], params: dict[str, Any],
               derived: Derived) -> None:
     """An evaluation sweep's trial: the sweep's checkpoint under the sampled ``eval.*`` settings
-    (on ``train.eval_max_rows`` rows), logged into the trial's nested run (numbers, curves, their
+    (on ``eval.max_rows`` rows), logged into the trial's nested run (numbers, curves, their
     plot), then one result to Tune. Nothing is trained or checkpointed."""
-    import tempfile
-    from pathlib import Path
-
     import torch
 
-    from urm_ray.eval import offline, testtime
+    from urm_ray import evaluate
     from urm_ray.train.loop import torch_threads
 
-    torch.set_num_threads(torch_threads(cfg.train))
-    report = offline.evaluate_testtime_checkpoint(ctx.space.spec.checkpoint, cfg.eval,
-                                                  max_rows=cfg.train.eval_max_rows)
-    uri = ctx.tracking_uri
-    run_id = tracking.find_run_id(uri, ctx.experiment, name) or tracking.open_run(
-        uri, ctx.experiment, name, params, tags)
-    metrics = testtime.scalar_metrics(report)
-    tracking.log_metrics(uri, run_id, metrics, 1)
-    for points, at in testtime.curve_metrics(report):
-        tracking.log_metrics(uri, run_id, points, at)
-    with tempfile.TemporaryDirectory() as folder:
-        tracking.log_artifact(uri, run_id, testtime.plot_curves(report, str(Path(folder) / "testtime.png"), name))
-    ray.tune.report(derived.add({**metrics, "step": 1}))
+    torch.set_num_threads(torch_threads(cfg.resources))
+    report = evaluate.evaluate(ctx.space.spec.checkpoint, cfg.eval,
+                               evaluate.Request("testtime", max_rows=cfg.eval.max_rows))
+    run = (tracking.Run.find(ctx.tracking_uri, ctx.experiment, name)
+           or tracking.Run.open(ctx.tracking_uri, ctx.experiment, name, params, tags))
+    evaluate.log_into(run, report, 1)
+    ray.tune.report(derived.add({**report.metrics, "step": 1}))
 
 
 def _replay_finished(ctx: TrialContext, name: str, derived: Derived) -> bool:
     """A trial finished before an interruption: report its recorded result instead of training."""
-    run_id = tracking.find_run_id(ctx.tracking_uri, ctx.experiment, name)
-    if run_id is None:
+    found = tracking.Run.find(ctx.tracking_uri, ctx.experiment, name)
+    if found is None:
         return False
-    run = tracking.run_summary(ctx.tracking_uri, run_id)
+    run = found.summary()
     fate = run.tags.get(FATE_TAG)
     if fate == INTERRUPTED:  # stopped with its sweep: it trains on, so no fate is recorded yet
-        tracking.delete_tags(ctx.tracking_uri, run_id, [FATE_TAG, REASON_TAG])
+        found.delete_tags([FATE_TAG, REASON_TAG])
         return False
     if fate is None:
         return False

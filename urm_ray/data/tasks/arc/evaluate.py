@@ -16,7 +16,7 @@ same rank) and the ranks gather only where each pair's true answer placed, never
 With `halt_early`, a row's answer is the one at the first segment whose Q-head says halt, and a
 batch stops once every row has halted; the report gives the segments run against the maximum.
 
-    report = evaluate_arc(model, "data/arc1", data_cfg, num_augmentations=8, halt_early=True)
+    report = evaluate_arc(model, data_cfg, "test", Voting(views=8, halt_early=True))
     report["metrics"]["arc/pass_at_2"], report["tasks"]["00576224"]["pass_at_2"]
 """
 
@@ -34,9 +34,33 @@ from urm_ray.data.config import DataConfig
 from urm_ray.data.tasks import arc
 from urm_ray.data.tasks.arc import augment as arc_augment
 from urm_ray.errors import ConfigError
+from urm_ray.metrics import Candidate, pass_at_k, place, rank
 from urm_ray.progress import Progress
 
 PASS_KS = (1, 2, 10, 100, 1000)
+
+
+@dataclass(frozen=True)
+class Voting:
+    """How a split is voted on: views per test pair, rows per forward, which answer a row gives."""
+
+    views: int = 0  # versions per test pair (0 = all data.num_augmentations)
+    batch_size: int = 256  # predictions per forward
+    halt_early: bool = False  # a row answers at the first segment its Q-head says halt
+    pass_ks: Sequence[int] = PASS_KS
+    max_pairs: int = 0  # the first test pairs only (0 = all)
+    device: str | torch.device = "cpu"
+    live: bool = False  # progress as a bar on stderr, else a log line every few seconds
+
+
+@dataclass(frozen=True)
+class Shares:
+    """This process among the DDP ranks that vote on a split: it votes on test pairs rank,
+    rank + world, ...; ``gather`` (a collective every rank calls) returns every rank's ``Share``."""
+
+    rank: int = 0
+    world: int = 1
+    gather: Callable[[Share], list[Share]] = lambda share: [share]
 
 
 def exact_match(answers: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -47,53 +71,13 @@ def exact_match(answers: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy((got == want).all(axis=1)).to(answers.device)
 
 
-@dataclass
-class Candidate:
-    """One distinct predicted grid of a test pair (canonical canvas bytes) and its votes."""
-
-    votes: int = 0
-    q_sum: float = 0.0
-
-    @property
-    def score(self) -> tuple[int, float]:
-        return self.votes, self.q_sum / max(self.votes, 1)
-
-
-def rank(candidates: dict[bytes, Candidate]) -> list[bytes]:
-    """Answers by votes, then mean halting probability; ties keep the order first seen."""
-    order = list(candidates)
-    return sorted(order, key=lambda h: candidates[h].score, reverse=True)
-
-
-def vote(answers: Sequence[bytes], q: Sequence[float] | None = None) -> list[bytes]:
-    """Ranked distinct answers of one test pair from its predictions (and halting probabilities)."""
-    candidates: dict[bytes, Candidate] = {}
-    for i, answer in enumerate(answers):
-        c = candidates.setdefault(answer, Candidate())
-        c.votes += 1
-        c.q_sum += 0.0 if q is None else float(q[i])
-    return rank(candidates)
-
-
-def place(ranked: Sequence[bytes], truth: bytes) -> int:
-    """Where the true answer is among the ranked answers (0 = first); -1 when it is not there."""
-    return ranked.index(truth) if truth in ranked else -1
-
-
-def pass_at_k(place: int, k: int) -> bool:
-    """The true answer, at ``place`` (see ``place``), is among the first k ranked answers."""
-    return 0 <= place < k
-
-
 def task_scores(places: dict[int, int], pairs_of_task: dict[str, list[int]], ks: Sequence[int]
                 ) -> dict[str, dict[str, float]]:
     """Per task: pass@k = fraction of its test pairs whose truth is in the top k (a pair without
     predictions fails)."""
-    out = {}
-    for name, pairs in pairs_of_task.items():
-        out[name] = {f"pass_at_{k}": float(np.mean(
-            [pass_at_k(places.get(p, -1), k) for p in pairs])) for k in ks}
-    return out
+    return {name: {f"pass_at_{k}": float(np.mean([pass_at_k(places.get(p, -1), k) for p in pairs]))
+                   for k in ks}
+            for name, pairs in pairs_of_task.items()}
 
 
 @dataclass
@@ -128,6 +112,12 @@ class _Tally:
             c = self.candidates.setdefault(pair, {}).setdefault(answer.tobytes(), Candidate())
             c.votes += 1
             c.q_sum += prob
+
+    def count(self, rows: int, segments: int, taken: torch.Tensor) -> None:
+        """One batch of ``rows`` predictions that ran ``segments`` segments, answered at ``taken``."""
+        self.share.rows += rows
+        self.share.segments_run += segments * rows
+        self.share.segments_q += float(taken.sum())
 
     def placed(self, truths: dict[int, bytes]) -> Share:
         """The share with each voted pair's place of its truth filled in."""
@@ -180,63 +170,73 @@ def _rows(views: np.ndarray, batch_size: int) -> Iterator[tuple[np.ndarray, np.n
         yield rows[start:start + batch_size], aug[start:start + batch_size]
 
 
-def _check(data_cfg: DataConfig, num_augmentations: int, pass_ks: Sequence[int]) -> None:
-    slots = data_cfg.num_augmentations if data_cfg.augment else 1
-    if not 1 <= num_augmentations <= slots:
+def _slots(data_cfg: DataConfig) -> int:
+    """Augmentation slots per task in the model's puzzle table."""
+    return data_cfg.num_augmentations if data_cfg.augment else 1
+
+
+def _checked(data_cfg: DataConfig, voting: Voting) -> Voting:
+    """``voting`` with its views resolved (0 = all slots); ConfigError for views beyond the
+    model's slots or a pass@k with k < 1."""
+    slots = _slots(data_cfg)
+    views = voting.views or slots
+    if not 1 <= views <= slots:
         raise ConfigError(
-            f"num_augmentations={num_augmentations} must be in [1, {slots}]: the model's puzzle"
+            f"num_augmentations={views} must be in [1, {slots}]: the model's puzzle"
             f" table has {slots} augmentation slots per task (data.num_augmentations)")
-    if not pass_ks or min(pass_ks) < 1:
-        raise ConfigError(f"pass_ks={list(pass_ks)} must be a non-empty list of ints >= 1")
+    if not voting.pass_ks or min(voting.pass_ks) < 1:
+        raise ConfigError(f"pass_ks={list(voting.pass_ks)} must be a non-empty list of ints >= 1")
+    return replace(voting, views=views)
 
 
-def evaluate_arc(model: nn.Module, data_cfg: DataConfig, split: str = "test",
-                 num_augmentations: int = 0, batch_size: int = 256, halt_early: bool = False,
-                 pass_ks: Sequence[int] = PASS_KS, max_pairs: int = 0,
-                 device: str | torch.device = "cpu", live: bool = False,
-                 ranks: tuple[int, int] = (0, 1),
-                 gather: Callable[[Share], list[Share]] = lambda share: [share]) -> dict[str, object]:
+def _batch(mine: dict[str, np.ndarray], rows: np.ndarray, aug: np.ndarray, data_cfg: DataConfig,
+           table: arc.TaskTable, device: str | torch.device) -> dict[str, torch.Tensor]:
+    """The model's batch of stored ``rows`` in their versions ``aug`` (no translation, no labels)."""
+    inputs, _, model_ids = arc_augment.augment(
+        mine["inputs"][rows], mine["labels"][rows], mine["puzzle_identifiers"][rows],
+        mine["puzzle_index"][rows], aug, data_cfg.shuffle_seed, table, _slots(data_cfg),
+        translate_grids=False)
+    return {"inputs": torch.from_numpy(inputs.astype(np.int32)).to(device),
+            "labels": torch.full(inputs.shape, -100, dtype=torch.long, device=device),
+            "puzzle_identifiers": torch.from_numpy(model_ids).to(device)}
+
+
+def _vote(model: nn.Module, mine: dict[str, np.ndarray], data_cfg: DataConfig, table: arc.TaskTable,
+          voting: Voting, progress: Progress) -> _Tally:
+    """Every view of this process's test pairs predicted, mapped back and counted as a vote."""
+    tally = _Tally()
+    for rows, aug in _rows(_views(mine, voting.views, table), voting.batch_size):
+        batch = _batch(mine, rows, aug, data_cfg, table, voting.device)
+        answers, prob, taken, segments = predict(model, batch, voting.halt_early)
+        original = arc_augment.invert(answers.cpu().numpy(), mine["puzzle_identifiers"][rows], aug,
+                                      data_cfg.shuffle_seed, table)
+        tally.add(mine["puzzle_index"][rows], original, prob.cpu().numpy())
+        tally.count(len(rows), segments, taken)
+        progress.update(tally.share.rows)
+    return tally
+
+
+def evaluate_arc(model: nn.Module, data_cfg: DataConfig, split: str = "test", voting: Voting = Voting(),
+                 shares: Shares = Shares()) -> dict[str, object]:
     """pass@k of `model` (eval mode) on the ARC split by augmentation voting.
 
-    `num_augmentations` (0 = all of data.num_augmentations) versions per test pair, at most the
-    task's distinct versions (`arc_augment.distinct_versions`). Returns
-    {"metrics": {...}, "tasks": {name: {pass_at_k}}}; metrics are "arc/pass_at_k", "arc/tasks",
-    "arc/test_pairs", "arc/predictions", "arc/mean_segments", "arc/compute_saved". Progress over
-    the predictions: a bar on stderr when ``live``, else a log line every few seconds.
-
-    ``ranks`` = (rank, world): this process votes on test pairs rank, rank + world, ...; ``gather``
-    (a collective, every rank calls it) returns every rank's ``Share`` so each reports all pairs."""
-    slots = data_cfg.num_augmentations if data_cfg.augment else 1
-    num_augmentations = num_augmentations or slots
-    _check(data_cfg, num_augmentations, pass_ks)
+    ``voting.views`` versions per test pair, at most the task's distinct versions
+    (`arc_augment.distinct_versions`). Returns {"metrics": {...}, "tasks": {name: {pass_at_k}}};
+    metrics are "arc/pass_at_k", "arc/tasks", "arc/test_pairs", "arc/predictions",
+    "arc/mean_segments", "arc/compute_saved". Each rank of ``shares`` votes on its share of the
+    test pairs; every rank reports all of them."""
+    voting = _checked(data_cfg, voting)
     table = arc.load_tasks(data_cfg.path)
     stored = store.read_split(data_cfg.path, split)
-    if max_pairs:
-        stored = {k: v[:max_pairs] for k, v in stored.items()}
-    this_rank, world = ranks
-    mine = {k: v[this_rank::world] for k, v in stored.items()}
-    tally = _Tally()
-    views = _views(mine, num_augmentations, table)
-    progress = Progress(f"eval {split}", int(views.sum()), unit="predictions", every_s=5.0,
-                        live=live)
-    for rows, aug in _rows(views, batch_size):
-        ids = mine["puzzle_identifiers"][rows]
-        inputs, _, model_ids = arc_augment.augment(
-            mine["inputs"][rows], mine["labels"][rows], ids, mine["puzzle_index"][rows],
-            aug, data_cfg.shuffle_seed, table, slots, translate_grids=False)
-        batch = {"inputs": torch.from_numpy(inputs.astype(np.int32)).to(device),
-                 "labels": torch.full(inputs.shape, -100, dtype=torch.long, device=device),
-                 "puzzle_identifiers": torch.from_numpy(model_ids).to(device)}
-        answers, prob, taken, segments = predict(model, batch, halt_early)
-        original = arc_augment.invert(answers.cpu().numpy(), ids, aug, data_cfg.shuffle_seed, table)
-        tally.add(mine["puzzle_index"][rows], original, prob.cpu().numpy())
-        tally.share.rows += len(rows)
-        tally.share.segments_run += segments * len(rows)
-        tally.share.segments_q += float(taken.sum())
-        progress.update(tally.share.rows)
+    if voting.max_pairs:
+        stored = {k: v[:voting.max_pairs] for k, v in stored.items()}
+    mine = {k: v[shares.rank::shares.world] for k, v in stored.items()}
+    progress = Progress(f"eval {split}", int(_views(mine, voting.views, table).sum()), unit="predictions",
+                        every_s=5.0, live=voting.live)
+    tally = _vote(model, mine, data_cfg, table, voting, progress)
     progress.finish()
-    share = merge(gather(tally.placed(_truths(mine))))
-    return _report(share, stored, table, pass_ks, num_augmentations, model.max_segments)
+    share = merge(shares.gather(tally.placed(_truths(mine))))
+    return _report(share, stored, table, voting, model.max_segments)
 
 
 def _truths(stored: dict[str, np.ndarray]) -> dict[int, bytes]:
@@ -245,20 +245,19 @@ def _truths(stored: dict[str, np.ndarray]) -> dict[int, bytes]:
                     (c.tobytes() for c in arc_augment.canonical(stored["labels"]))))
 
 
-def _report(share: Share, stored: dict[str, np.ndarray], table: arc.TaskTable,
-            pass_ks: Sequence[int], num_augmentations: int, max_segments: int
-            ) -> dict[str, object]:
+def _report(share: Share, stored: dict[str, np.ndarray], table: arc.TaskTable, voting: Voting,
+            max_segments: int) -> dict[str, object]:
     pairs_of_task: dict[str, list[int]] = {}
     for pair, ident in zip(stored["puzzle_index"].tolist(), stored["puzzle_identifiers"].tolist()):
         pairs_of_task.setdefault(table.name(ident), []).append(pair)
-    tasks = task_scores(share.places, pairs_of_task, pass_ks)
+    tasks = task_scores(share.places, pairs_of_task, voting.pass_ks)
     rows = max(share.rows, 1)
     metrics = {f"arc/pass_at_{k}": float(np.mean([t[f"pass_at_{k}"] for t in tasks.values()]))
-               if tasks else 0.0 for k in pass_ks}
+               if tasks else 0.0 for k in voting.pass_ks}
     metrics.update({
         "arc/tasks": float(len(tasks)),
         "arc/test_pairs": float(len(stored["puzzle_index"])),
-        "arc/augmentations": float(num_augmentations),
+        "arc/augmentations": float(voting.views),
         "arc/predictions": float(share.rows),
         "arc/mean_segments_run": share.segments_run / rows,
         "arc/mean_segments_q": share.segments_q / rows,

@@ -43,10 +43,12 @@ def table_rows(num_identifiers: int, slots: int) -> int:
 
 
 def score(model: nn.Module, data_cfg: DataConfig, split: str, *, views: int, max_rows: int = 0,
-          **kwargs: Any) -> dict[str, Any]:
-    """pass@k by voting over ``views`` versions of each held-out test pair (`evaluate.evaluate_arc`)."""
-    return evaluate.evaluate_arc(model, data_cfg, split, num_augmentations=views, max_pairs=max_rows,
-                                 **kwargs)
+          ranks: tuple[int, int] = (0, 1), gather: Any = None, **voting: Any) -> dict[str, Any]:
+    """pass@k by voting over ``views`` versions of each held-out test pair (`evaluate.evaluate_arc`);
+    ``voting``: the other fields of `evaluate.Voting`."""
+    shares = evaluate.Shares(*ranks, gather) if gather is not None else evaluate.Shares(*ranks)
+    return evaluate.evaluate_arc(model, data_cfg, split, evaluate.Voting(views=views, max_pairs=max_rows, **voting),
+                                 shares)
 
 
 # one right answer per input (no label-free verifier); augmented per task version, voted pass@k

@@ -19,7 +19,7 @@ DRIVER = textwrap.dedent("""
     from urm_ray import heartbeat, tracking
     uri = sys.argv[1]
     run_id = tracking.open_run(uri, "hb", "doomed", {})
-    with heartbeat.beating(uri, run_id, every_s=0.2):
+    with heartbeat.beating(tracking.Run(uri, run_id), every_s=0.2):
         print(run_id, flush=True)
         time.sleep(600)   # "training", until SIGKILL
 """)
@@ -29,14 +29,14 @@ def test_beating_writes_the_time_until_the_block_ends(tmp_path: Path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_id = tracking.open_run(uri, "hb", "alive", {})
     before = time.time()
-    with heartbeat.beating(uri, run_id, every_s=0.05):
+    with heartbeat.beating(tracking.Run(uri, run_id), every_s=0.05):
         first = float(tracking.run_summary(uri, run_id).tags[HEARTBEAT_TAG])
         time.sleep(1.5)
     last = float(tracking.run_summary(uri, run_id).tags[HEARTBEAT_TAG])  # a beat may land up to the exit
     assert before - 1 <= first < last  # beats at once, then again
     time.sleep(0.3)
     assert float(tracking.run_summary(uri, run_id).tags[HEARTBEAT_TAG]) == last  # none after the block
-    with heartbeat.beating(uri, None):  # tracking off: nothing to beat on
+    with heartbeat.beating(tracking.NullRun()):  # tracking off: nothing to beat on
         pass
 
 
@@ -61,7 +61,7 @@ def test_a_killed_driver_shows_as_lost_and_its_resume_says_so(tmp_path: Path, ca
 
     tracking.set_tags(uri, run_id, {HEARTBEAT_TAG: f"{time.time() - heartbeat.STALE_S - 60:.0f}"})
     with caplog.at_level(logging.WARNING, logger="urm_ray.heartbeat"):
-        heartbeat.warn_if_lost(uri, "hb", "doomed")
+        heartbeat.warn_if_lost(tracking.Run.find(uri, "hb", "doomed"))
     assert "doomed was left RUNNING by a driver that stopped beating 6 min ago (driver lost)" in caplog.text
     tracking.close_run(uri, run_id, "FINISHED")
     assert not heartbeat.lost("FINISHED", tracking.run_summary(uri, run_id).tags)

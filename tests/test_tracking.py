@@ -17,7 +17,7 @@ from urm_ray.config import load_config
 from urm_ray.data import store, stream
 from urm_ray.data.tasks import sudoku
 from urm_ray.runs import ui_hint
-from urm_ray.train.driver import open_mlflow_run, resolve
+from urm_ray.train.session import open_run, resolve
 
 from together import open_runs_on_one_dataset
 
@@ -35,7 +35,7 @@ def test_tracking_uri_resolution(tmp_path: Path, monkeypatch):
 def test_open_run_reuses_the_named_run(tmp_path: Path):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     first = tracking.open_run(uri, "exp", "run-a", {"model.loops": 8, "betas": (0.9, 0.95)})
-    tracker = tracking.make_tracker(uri, first, is_rank_zero=True)
+    tracker = tracking.run_of(uri, first).tracker(True)
     tracker.log({"train/loss": 1.5}, step=3)
     tracking.close_run(uri, first)
     again = tracking.open_run(uri, "exp", "run-a", {"model.loops": 8})
@@ -48,8 +48,8 @@ def test_open_run_reuses_the_named_run(tmp_path: Path):
 
 
 def test_other_ranks_get_a_null_tracker(tmp_path: Path):
-    assert isinstance(tracking.make_tracker("sqlite:///x.db", "abc", is_rank_zero=False), tracking.NullTracker)
-    assert isinstance(tracking.make_tracker("sqlite:///x.db", "", is_rank_zero=True), tracking.NullTracker)
+    assert isinstance(tracking.run_of("sqlite:///x.db", "abc").tracker(False), tracking.NullTracker)
+    assert isinstance(tracking.run_of("sqlite:///x.db", "").tracker(True), tracking.NullTracker)
 
 
 def test_a_worker_loads_no_mlflow_optuna_tune_or_dynamo_until_it_needs_them(tmp_path: Path):
@@ -59,9 +59,9 @@ def test_a_worker_loads_no_mlflow_optuna_tune_or_dynamo_until_it_needs_them(tmp_
     run_id = tracking.open_run(uri, "e", "r", {})
     worker = ("import sys; from urm_ray.train import loop; from urm_ray import tracking\n"
               "heavy = ('mlflow', 'optuna', 'ray.tune', 'torch._dynamo')\n"
-              "other = tracking.make_tracker(sys.argv[1], sys.argv[2], is_rank_zero=False)\n"
+              "other = tracking.run_of(sys.argv[1], sys.argv[2]).tracker(False)\n"
               "other.log({'train/lr': 1.0}, 1); other.close()\n"
-              "zero = tracking.make_tracker(sys.argv[1], sys.argv[2], is_rank_zero=True)\n"
+              "zero = tracking.run_of(sys.argv[1], sys.argv[2]).tracker(True)\n"
               "print([m for m in heavy if m in sys.modules])\n"
               "zero.log({'train/lr': 1.0}, 1); zero.close()\n"
               "print([m for m in heavy if m in sys.modules])\n")
@@ -76,10 +76,10 @@ def test_a_restarted_worker_logs_each_step_once(tmp_path: Path):
     MLflow keeps the first value of each step, and the steps after the crash are logged."""
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     run_id = tracking.open_run(uri, "exp", "crashy", {})
-    before = tracking.make_tracker(uri, run_id, is_rank_zero=True)
+    before = tracking.run_of(uri, run_id).tracker(True)
     for step in (5, 10, 15):
         before.log({"train/lr": 1.0, "train/lm_loss": float(step)}, step)
-    after = tracking.make_tracker(uri, run_id, is_rank_zero=True)  # the restarted worker
+    after = tracking.run_of(uri, run_id).tracker(True)  # the restarted worker
     for step in (15, 20):
         after.log({"train/lr": 1.0, "train/lm_loss": 100.0 + step}, step)
     history = MlflowClient(uri).get_metric_history(run_id, "train/lm_loss")
@@ -137,7 +137,7 @@ def test_a_run_holds_its_config_and_dataset_before_training(tmp_path: Path, monk
     cfg = resolve(load_config("sudoku4-urm", [f"data.path={data}", "tracking.tracking_uri=sqlite:///m.db",
                                               "train.run_name=crashy"]))
     uri = cfg.tracking.tracking_uri
-    run_id = open_mlflow_run(cfg, stream.load_meta(cfg.data))
+    run_id = open_run(cfg, stream.load_meta(cfg.data)).id
     client = MlflowClient(uri)
     saved = yaml.safe_load(Path(client.download_artifacts(run_id, "config.yaml", str(tmp_path))).read_text())
     assert saved["data"]["path"] == str(data) and saved["train"]["run_name"] == "crashy"

@@ -37,7 +37,7 @@ from test_cluster import free_port
 from tiny import RUN
 
 STEPS, DOWN_AT, DOWN_S = 12, 3, 30.0
-TINY = [*RUN, "train.log_every=1", "train.checkpoint_every=0", f"train.steps={STEPS}"]
+TINY = [*RUN, "train.log_every=1", "checkpoint.every=0", f"train.steps={STEPS}"]
 
 
 @pytest.fixture(autouse=True)
@@ -93,7 +93,7 @@ def test_a_run_outlives_its_tracking_server_and_logs_every_step_once(ray_local, 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     outage = Outage(start_server(tmp_path, port), tmp_path, port)
-    cfg = load_config("sudoku4-urm", [*TINY, f"data.path={data}", f"train.storage_path={tmp_path / 'runs'}",
+    cfg = load_config("sudoku4-urm", [*TINY, f"data.path={data}", f"checkpoint.storage_path={tmp_path / 'runs'}",
                                       f"tracking.tracking_uri={url}", "tracking.experiment=outage",
                                       "train.run_name=outage"])
     assert runs_in_process(cfg)  # the tracker's thread and its warnings are in this process
@@ -134,7 +134,7 @@ def test_a_store_that_stays_away_fails_the_close_naming_the_steps(tmp_path: Path
 def test_a_missed_heartbeat_warns_once_and_raises_nothing(caplog):
     url = f"http://127.0.0.1:{free_port()}"
     with caplog.at_level(logging.WARNING, logger="urm_ray.heartbeat"):
-        with heartbeat.beating(url, "0" * 32, every_s=0.05):
+        with heartbeat.beating(tracking.Run(url, "0" * 32), every_s=0.05):
             time.sleep(0.5)
     said = [r.getMessage() for r in caplog.records if r.name == "urm_ray.heartbeat"]
     assert len(said) == 1 and said[0].startswith(f"heartbeat of MLflow run {'0' * 32} not written"), said

@@ -8,7 +8,7 @@ A beat the store misses (a tracking server restarting) is warned about, once per
 never stops the run.
 The W&B "crashed" state works the same way.
 
-    with beating(tracking_uri, run_id):
+    with beating(run):                  # a tracking.Run (a NullRun: no beats)
         trainer.fit()
     lost(run.status, run.tags)      # True: RUNNING, last beat over STALE_S ago
 """
@@ -32,11 +32,12 @@ BEAT_S = 30.0
 STALE_S = 300.0
 
 
-def _beat(tracking_uri: str, run_id: str, missing: bool = False) -> bool:
+def _beat(run: tracking.Run, missing: bool = False) -> bool:
     """One beat; returns whether it was missed. ``missing``: the previous one was. A run of missed
     beats is warned about at its first and when beats are written again."""
+    run_id = run.id
     try:
-        tracking.set_tags(tracking_uri, run_id, {HEARTBEAT_TAG: f"{time.time():.0f}"})
+        run.set_tags({HEARTBEAT_TAG: f"{time.time():.0f}"})
     except Exception as err:  # a missed beat must never stop training
         if not missing:
             logger.warning("heartbeat of MLflow run %s not written (%s); training goes on. Should "
@@ -49,21 +50,21 @@ def _beat(tracking_uri: str, run_id: str, missing: bool = False) -> bool:
 
 
 @contextmanager
-def beating(tracking_uri: str, run_id: str | None, every_s: float = BEAT_S) -> Iterator[None]:
-    """Beats on ``run_id`` now and every ``every_s`` seconds until the block ends (nothing when
-    ``run_id`` is None: tracking is off)."""
-    if run_id is None:
+def beating(run: tracking.Run | tracking.NullRun, every_s: float = BEAT_S) -> Iterator[None]:
+    """Beats on ``run`` now and every ``every_s`` seconds until the block ends (nothing for a
+    ``NullRun``: tracking is off)."""
+    if not run:
         yield
         return
-    missing = _beat(tracking_uri, run_id)
+    missing = _beat(run)
     stop = threading.Event()
 
     def loop() -> None:
         nonlocal missing
         while not stop.wait(every_s):
-            missing = _beat(tracking_uri, run_id, missing)
+            missing = _beat(run, missing)
 
-    thread = threading.Thread(target=loop, name=f"heartbeat-{run_id[:8]}", daemon=True)
+    thread = threading.Thread(target=loop, name=f"heartbeat-{run.id[:8]}", daemon=True)
     thread.start()
     try:
         yield
@@ -85,13 +86,13 @@ def lost(status: str, tags: dict[str, str], now: float | None = None) -> bool:
     return status == "RUNNING" and age is not None and age > STALE_S
 
 
-def warn_if_lost(tracking_uri: str, experiment: str, run_name: str) -> None:
-    """Before a resume reopens ``run_name``: says so when its last driver was lost."""
-    run_id = tracking.find_run_id(tracking_uri, experiment, run_name)
-    if run_id is None:
+def warn_if_lost(found: tracking.Run | None) -> None:
+    """Before a resume reopens ``found`` (None: there is no run to reopen): says so when its last
+    driver was lost."""
+    if found is None:
         return
-    run = tracking.run_summary(tracking_uri, run_id)
+    run = found.summary()
     if lost(run.status, run.tags):
         minutes = (last_beat_age(run.tags) or 0.0) / 60
         logger.warning("MLflow run %s was left RUNNING by a driver that stopped beating %.0f min"
-                       " ago (driver lost); resuming it", run_name, minutes)
+                       " ago (driver lost); resuming it", run.run_name, minutes)

@@ -44,7 +44,7 @@ import pyarrow.fs
 import yaml
 
 from urm_ray import heartbeat, redact, tracking
-from urm_ray.config import RunConfig, build_config, flatten
+from urm_ray.config import RunConfig, build_config, flatten, renamed
 from urm_ray.errors import ConfigError
 from urm_ray.tracking import DRIVER_TAG, RESUMED_TAG_PREFIX
 from urm_ray.train.checkpoint import CONFIG_FILE, STATE_FILE
@@ -56,18 +56,18 @@ LOCK_FILE = ".lock"
 RESUMABLE = {
     "train.steps": "the run's length; the learning-rate schedule follows the new total",
     "train.log_every": "logging cadence",
-    "train.eval_every": "evaluation cadence",
-    "train.checkpoint_every": "checkpoint cadence",
-    "train.keep_checkpoints": "how many checkpoints are kept",
-    "train.eval_batch_size": "how evaluation is batched, not what it scores",
-    "train.num_workers": "a checkpoint holds each rank's state; a rank it lacks gets a fresh seed",
-    "train.cpus_per_worker": "resources",
-    "train.gpus_per_worker": "resources",
-    "train.worker_resources": "resources",
-    "train.torch_threads": "threads",
-    "train.in_process": "either host writes and reads the same checkpoints",
-    "train.max_failures": "restarts after a crash",
-    "train.storage_path": "where the checkpoints are (a moved folder)",
+    "eval.every": "evaluation cadence",
+    "checkpoint.every": "checkpoint cadence",
+    "checkpoint.keep": "how many checkpoints are kept",
+    "eval.batch_size": "how evaluation is batched, not what it scores",
+    "resources.num_workers": "a checkpoint holds each rank's state; a rank it lacks gets a fresh seed",
+    "resources.cpus_per_worker": "resources",
+    "resources.gpus_per_worker": "resources",
+    "resources.worker_resources": "resources",
+    "resources.torch_threads": "threads",
+    "resources.in_process": "either host writes and reads the same checkpoints",
+    "resources.max_failures": "restarts after a crash",
+    "checkpoint.storage_path": "where the checkpoints are (a moved folder)",
     "tracking.enabled": "where the run is recorded",
     "tracking.experiment": "where the run is recorded",
     "tracking.tracking_uri": "where the run is recorded",
@@ -77,7 +77,7 @@ _UNSET = object()  # a key one side's config does not have
 
 
 def resumable(key: str) -> bool:
-    section = key.rpartition(".")[0]  # train.worker_resources.<name>
+    section = key.rpartition(".")[0]  # resources.worker_resources.<name>
     return key in RESUMABLE or section in RESUMABLE
 
 
@@ -106,8 +106,8 @@ def saved_config(storage_path: str, run_name: str) -> tuple[str, dict[str, Any]]
             logger.warning("%s%s/%s unreadable (%s): comparing with an older checkpoint",
                            scheme, folder, CONFIG_FILE, err)
             continue
-        if isinstance(data, dict):
-            return f"{scheme}{folder}", data
+        if isinstance(data, dict):  # written before a rename: its keys under their new names
+            return f"{scheme}{folder}", renamed(data)
     return None
 
 
@@ -131,7 +131,7 @@ def differences(saved: dict[str, Any], cfg: RunConfig, where: str) -> dict[str, 
 def check(cfg: RunConfig) -> None:
     """Refuse the resume of a resolved config that differs from its checkpoint's beyond
     ``RESUMABLE``, naming each key with both values and how to go on. A new run passes."""
-    found = saved_config(cfg.train.storage_path, cfg.train.run_name)
+    found = saved_config(cfg.checkpoint.storage_path, cfg.train.run_name)
     if found is None:
         return
     where, saved = found
@@ -169,10 +169,10 @@ def locked(cfg: RunConfig) -> Iterator[None]:
     """Hold the run's exclusive ``flock`` on ``<storage>/<run>/.lock`` while the block runs, or
     refuse it with ConfigError (nothing on remote storage). The file stays after the run: removing
     it would let two processes lock two different files."""
-    if "://" in cfg.train.storage_path:
+    if "://" in cfg.checkpoint.storage_path:
         yield
         return
-    folder = Path(cfg.train.storage_path) / cfg.train.run_name
+    folder = Path(cfg.checkpoint.storage_path) / cfg.train.run_name
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -196,8 +196,8 @@ def _running_run(cfg: RunConfig) -> tracking.RunSummary | None:
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         return None  # no store yet (and opening it here would create it before Ray starts)
     with tracking.sqlite_creation_lock(uri):  # a store another command is creating now
-        run_id = tracking.find_run_id(uri, cfg.tracking.experiment, cfg.train.run_name)
-        run = None if run_id is None else tracking.run_summary(uri, run_id)
+        found = tracking.Run.find(uri, cfg.tracking.experiment, cfg.train.run_name)
+        run = None if found is None else found.summary()
     return run if run is not None and run.status == "RUNNING" else None
 
 
@@ -257,17 +257,18 @@ def _busy(cfg: RunConfig, driver: str, age: float | None, lock: Path | None) -> 
 # --- MLflow after a resume ----------------------------------------------------------------------
 
 
-def record(tracking_uri: str, run_id: str, cfg: RunConfig) -> None:
-    """Tag the run with this driver (``urm_ray.driver``) and with every config value that now
-    differs from its param (``urm_ray.resumed.<key>``); drop the resumed tags that match again."""
-    run = tracking.run_summary(tracking_uri, run_id)
-    values = {key: _param_text(value) for key, value in flatten(cfg).items()}
-    changed = {f"{RESUMED_TAG_PREFIX}{key}": value for key, value in values.items()
+def record(handle: tracking.Run, values: dict[str, Any]) -> None:
+    """Tag the run with this driver (``urm_ray.driver``) and with every config value (``values``:
+    the flattened config) that now differs from its param (``urm_ray.resumed.<key>``); drop the
+    resumed tags that match again."""
+    run = handle.summary()
+    texts = {key: _param_text(value) for key, value in values.items()}
+    changed = {f"{RESUMED_TAG_PREFIX}{key}": value for key, value in texts.items()
                if key in run.params and run.params[key] != value}
-    tracking.set_tags(tracking_uri, run_id, {DRIVER_TAG: this_driver(), **changed})
+    handle.set_tags({DRIVER_TAG: this_driver(), **changed})
     stale = [tag for tag in run.tags if tag.startswith(RESUMED_TAG_PREFIX) and tag not in changed]
     if stale:
-        tracking.delete_tags(tracking_uri, run_id, stale)
+        handle.delete_tags(stale)
     for tag, value in changed.items():
         logger.info("resumed with %s=%s (MLflow param: %s)", tag[len(RESUMED_TAG_PREFIX):], value,
                     run.params[tag[len(RESUMED_TAG_PREFIX):]])

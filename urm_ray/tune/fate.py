@@ -69,17 +69,16 @@ class FateRecorder(Callback):
         ctx = self.ctx
         number, values = split_config(trial.config)
         name = trial_run_name(ctx.sweep, number)
-        run_id = tracking.find_run_id(ctx.tracking_uri, ctx.experiment, name)
-        if run_id is None:  # failed before the driver opened its run: record it all the same
+        run = tracking.Run.find(ctx.tracking_uri, ctx.experiment, name)
+        if run is None:  # failed before the driver opened its run: record it all the same
             tags = {tracking.PARENT_TAG: ctx.parent_run_id, SWEEP_TAG: ctx.sweep,
                     TRIAL_TAG: str(number), KIND_TAG: "trial"}
             params = {f"sampled.{k}": v for k, v in values.items()}
-            run_id = tracking.open_run(ctx.tracking_uri, ctx.experiment, name, params, tags)
-        elif tracking.run_summary(ctx.tracking_uri, run_id).tags.get(FATE_TAG, INTERRUPTED) != INTERRUPTED:
+            run = tracking.Run.open(ctx.tracking_uri, ctx.experiment, name, params, tags)
+        elif run.tags().get(FATE_TAG, INTERRUPTED) != INTERRUPTED:
             return  # recorded before an interruption; the replay does not change it
-        tracking.set_tags(ctx.tracking_uri, run_id, {FATE_TAG: fate, REASON_TAG: reason,
-                                                     STEP_TAG: str(step)})
-        tracking.close_run(ctx.tracking_uri, run_id, STATUS[fate])
+        run.set_tags({FATE_TAG: fate, REASON_TAG: reason, STEP_TAG: str(step)})
+        run.close(STATUS[fate])
 
 
 def record_interrupted(ctx: TrialContext, study: optuna.Study, resume_hint: str) -> None:
@@ -89,8 +88,8 @@ def record_interrupted(ctx: TrialContext, study: optuna.Study, resume_hint: str)
     for run in tracking.child_runs(ctx.tracking_uri, ctx.experiment, ctx.parent_run_id):
         if FATE_TAG in run.tags or run.status not in ("RUNNING", "FAILED"):
             continue
-        tracking.set_tags(ctx.tracking_uri, run.run_id,
-                          {FATE_TAG: INTERRUPTED, REASON_TAG: f"the sweep was interrupted; {resume_hint}"})
-        tracking.close_run(ctx.tracking_uri, run.run_id, STATUS[INTERRUPTED])
+        handle = tracking.Run(ctx.tracking_uri, run.run_id)
+        handle.set_tags({FATE_TAG: INTERRUPTED, REASON_TAG: f"the sweep was interrupted; {resume_hint}"})
+        handle.close(STATUS[INTERRUPTED])
     for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         optuna.Trial(study, frozen._trial_id).set_user_attr(FATE_ATTR, INTERRUPTED)

@@ -9,7 +9,7 @@ A sweep lives in ``<root>/<name>/``: ``sweep.json`` (where its study and runs ar
 exactly the same space), ``optuna.db`` (the study, unless ``storage`` names another database),
 ``tune/`` (Tune's experiment state and the one-worker trials' checkpoints), ``trials/`` (each
 Ray Train run of a trial of several workers) and, when it ends, ``best_config.yaml``,
-``leaderboard.csv`` and ``plots/``. When ``train.storage_path`` is an ``s3://`` URL, ``tune/`` and
+``leaderboard.csv`` and ``plots/``. When ``checkpoint.storage_path`` is an ``s3://`` URL, ``tune/`` and
 ``trials/`` are there instead, under ``<storage_path>/<name>/``, which every node of a cluster
 reaches; on a cluster of several nodes a local one is refused (``check_nodes``).
 
@@ -97,7 +97,7 @@ def create_sweep(source: str, overrides: list[str], name: str = "", root: str = 
     spec = {**to_dict(space.spec), "base": "base_config.yaml", "overrides": {}}
     spec["start_from"] = [*spec["start_from"], *(p for p in warm if p not in spec["start_from"])]
     (folder / "space.yaml").write_text(yaml.safe_dump(redact.strip(spec), sort_keys=False))
-    base_storage = space.base_config.train.storage_path
+    base_storage = space.base_config.checkpoint.storage_path
     info = SweepInfo(name, str(folder), optuna_url, uri,
                      f"sweep-{name}", source=str(find_space(source).resolve()),
                      run_storage=f"{base_storage.rstrip('/')}/{name}" if "://" in base_storage else "")
@@ -230,11 +230,11 @@ def check_nodes(info: SweepInfo, space: SearchSpace, data_path: str, grows: bool
     would be on this node's disk (``cluster.check_reachable``): trial actors run on other nodes,
     and Tune stores its state and the one-worker trials' checkpoints where the trials' Train runs
     go (``SweepInfo.tune_storage``)."""
-    storage = space.base_config.train.storage_path
+    storage = space.base_config.checkpoint.storage_path
     check_reachable({"data.path": (data_path, "the dataset"),
-                     "train.storage_path": (info.run_storage or storage,
+                     "checkpoint.storage_path": (info.run_storage or storage,
                                             f"Tune's state and the trials' checkpoints ({info.tune_path})")},
-                    space.base_config.train.shared_fs, grows)
+                    space.base_config.resources.shared_fs, grows)
 
 
 def _discard(info: SweepInfo) -> None:
@@ -257,7 +257,7 @@ def _run(info: SweepInfo, space: SearchSpace, resume: bool, callbacks: list[tune
     ctx = TrialContext(info.name, space, _trial_extra(info), info.tracking_uri, info.experiment,
                        info.parent_run_id, meta)
     try:
-        with heartbeat.beating(info.tracking_uri, info.parent_run_id):
+        with heartbeat.beating(tracking.Run(info.tracking_uri, info.parent_run_id)):
             _fit(info, space, the_plan, ctx, resume, callbacks or [])
     finally:  # the wall time spent counts towards --max-hours on resume
         info.spent_s, info.started_at = info.elapsed_s(), 0.0
@@ -341,7 +341,7 @@ def _open_parent(info: SweepInfo, space: SearchSpace, the_plan: Plan) -> str:
     for param in space.params:
         params[f"searched.{param.key}"] = report.describe_param(param)
     tags = {KIND_TAG: "sweep", SWEEP_TAG: info.name}
-    heartbeat.warn_if_lost(info.tracking_uri, info.experiment, info.name)
+    heartbeat.warn_if_lost(tracking.Run.find(info.tracking_uri, info.experiment, info.name))
     return tracking.open_run(info.tracking_uri, info.experiment, info.name, params, tags)
 
 
@@ -361,14 +361,14 @@ def prepare_data(space: SearchSpace) -> tuple[str, DatasetMeta]:
 
 
 def _trial_extra(info: SweepInfo) -> dict[str, Any]:
-    return {**info.trial_overrides, "train.storage_path": info.runs_path("trials"),
+    return {**info.trial_overrides, "checkpoint.storage_path": info.runs_path("trials"),
             "tracking.tracking_uri": info.tracking_uri, "tracking.experiment": info.experiment}
 
 
 def make_scheduler(space: SearchSpace, info: SweepInfo) -> TrialScheduler:
     """ASHA / median stopping / none, all in training steps (the ``step`` every report has)."""
     spec, train = space.spec.scheduler, space.base_config.train
-    grace = spec.grace_steps or train.eval_every or train.log_every
+    grace = spec.grace_steps or space.base_config.eval.every or train.log_every
     objectives = space.spec.objectives
     if spec.name == "asha" and len(objectives) > 1:  # Pareto dominance at each rung
         return StudyDominance([o.metric for o in objectives], [o.mode for o in objectives],
@@ -412,9 +412,9 @@ def _tuner(info: SweepInfo, space: SearchSpace, the_plan: Plan, ctx: TrialContex
         ),
         run_config=tune.RunConfig(
             name="tune", storage_path=info.tune_storage, verbose=0,
-            # one-worker trials checkpoint through Tune (``hosts.TrialHost``)
+            # one-worker trials checkpoint through Tune (``tune.trial_host.TrialHost``)
             checkpoint_config=tune.CheckpointConfig(
-                num_to_keep=space.base_config.train.keep_checkpoints),
+                num_to_keep=space.base_config.checkpoint.keep),
             # a failed trial restarts; its Ray Train run resumes from its latest checkpoint
             failure_config=tune.FailureConfig(max_failures=space.retries),
             callbacks=[FateRecorder(ctx, space.spec.scheduler.name),

@@ -1,4 +1,4 @@
-"""A one-worker sweep trial trains in its Tune trial actor (``hosts.TrialHost``): its checkpoints go
+"""A one-worker sweep trial trains in its Tune trial actor (``tune.trial_host.TrialHost``): its checkpoints go
 through ``tune.report``; killed mid-run, Tune retries it (``retries``) from ``tune.get_checkpoint()``
 and it ends with the weights of the same config trained without interruption, bit for bit, in one
 MLflow run that logged every step once (slow)."""
@@ -28,8 +28,8 @@ SPACE = {
     "base": "sudoku4-urm",
     "overrides": {
         "model.hidden_size": 32, "model.num_heads": 2, "model.num_layers": 1, "model.expansion": 1.0,
-        "train.steps": 60, "train.global_batch_size": 16, "train.log_every": 10, "train.eval_every": 10,
-        "train.checkpoint_every": 10, "train.eval_max_rows": 16, "optim.warmup_steps": 2,
+        "train.steps": 60, "train.global_batch_size": 16, "train.log_every": 10, "eval.every": 10,
+        "checkpoint.every": 10, "eval.max_rows": 16, "optim.warmup_steps": 2,
     },
     "params": {"optim.lr": {"type": "log_float", "low": 1.0e-4, "high": 3.0e-3}},
     "objectives": [{"metric": "eval/token_accuracy", "mode": "max"}],
@@ -76,7 +76,8 @@ def test_a_killed_trial_actor_is_retried_from_its_checkpoint_bit_for_bit(ray_loc
 
     # the same config, trained without interruption in this process
     saved = checkpoint.load_config_dict(trained)
-    saved["train"].update(run_name="straight", storage_path=str(tmp_path / "runs"))
+    saved["train"]["run_name"] = "straight"
+    saved["checkpoint"]["storage_path"] = str(tmp_path / "runs")
     saved["tracking"]["enabled"] = False
     straight = fit(build_config(saved))
     for name, value in checkpoint.load_state(Path(straight.checkpoint_path))["model"].items():

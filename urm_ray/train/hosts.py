@@ -1,17 +1,19 @@
 """Where the training loop runs: what it reads, where it reports and where checkpoints go.
 
-The one loop (``loop.run_loop``) asks its host for the dataset shards, the state saved by the
-latest checkpoint, and to report metrics with rank 0's checkpoint folder. Three hosts:
+The one loop (``loop.run_loop``) asks its host for its device, the dataset shards, the state
+saved by the latest checkpoint, and to report metrics with rank 0's checkpoint folder; the run's
+session (``session.Session``) asks it for the latest checkpoint and what was reported with it.
+Three hosts:
 
     WorkerHost   a Ray Train worker (one of N DDP ranks): shards and checkpoints through Ray Train
     ProcessHost  the command's own process (one worker): checkpoints in the run's local folder
     TrialHost    a Ray Tune trial actor (one worker): checkpoints through ``tune.report``, resumed
-                 from ``tune.get_checkpoint()`` when Tune retries or resumes the trial
+                 from ``tune.get_checkpoint()``; in ``urm_ray.tune.trial_host``, since train/
+                 imports no Ray Tune
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,16 +22,21 @@ import ray.train
 from urm_ray.train import checkpoint
 
 if TYPE_CHECKING:
-    import ray.tune
-
-# a report as Tune should see it (with a sweep's derived metrics), or None to keep it out of Tune;
-# the flag: whether it carries a checkpoint
-TuneFilter = Callable[[dict[str, Any], bool], dict[str, Any] | None]
+    import torch
 
 
 class Host(Protocol):
     rank: int
     world: int
+
+    def device(self) -> torch.device:
+        """Where this rank's model and batches live."""
+
+    def latest(self) -> ray.train.Checkpoint | None:
+        """The run's latest checkpoint (None: none yet)."""
+
+    def reported(self) -> dict[str, Any]:
+        """The metrics reported with ``latest()`` by this host ({}: none, or not kept here)."""
 
     def shard(self, name: str) -> Any:
         """The "train" or "eval" data: a Ray Dataset or this rank's Ray Train shard."""
@@ -41,7 +48,7 @@ class Host(Protocol):
         """Report ``metrics`` with the checkpoint written in ``folder`` (rank 0; None: none)."""
 
 
-def _load(ckpt: ray.train.Checkpoint | None) -> dict[str, Any] | None:
+def load(ckpt: ray.train.Checkpoint | None) -> dict[str, Any] | None:
     """The state of ``ckpt``, or of the newest earlier checkpoint beside it when it does not read
     whole (``checkpoint.load_newest``). Ray Train writes through ``checkpoint.upload``, but Tune
     copies a one-worker trial's checkpoint file by file and flushes nothing; either registers a
@@ -69,11 +76,22 @@ class WorkerHost:
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
 
+    def device(self) -> torch.device:
+        import ray.train.torch
+
+        return ray.train.torch.get_device()
+
+    def latest(self) -> ray.train.Checkpoint | None:
+        return ray.train.get_checkpoint()
+
+    def reported(self) -> dict[str, Any]:
+        return {}  # Ray Train's result holds them, on the driver
+
     def shard(self, name: str) -> Any:
         return ray.train.get_dataset_shard(name)
 
     def saved_state(self) -> dict[str, Any] | None:
-        return _load(ray.train.get_checkpoint())
+        return load(ray.train.get_checkpoint())
 
     def report(self, metrics: dict[str, Any], folder: Path | None, step: int) -> None:
         if folder is None:
@@ -98,10 +116,21 @@ class ProcessHost:
 
     rank, world = 0, 1
 
-    def __init__(self, datasets: dict[str, Any], run_folder: Path, keep: int) -> None:
-        self.datasets, self.run_folder, self.keep = datasets, run_folder, keep
-        self.latest: Path | None = checkpoint.latest_local(run_folder)
-        self.metrics: dict[str, Any] = {}  # reported with the latest checkpoint
+    def __init__(self, datasets: dict[str, Any], run_folder: Path, keep: int, device: str = "cpu") -> None:
+        self.datasets, self.run_folder, self.keep, self._device = datasets, run_folder, keep, device
+        self._latest: Path | None = checkpoint.latest_local(run_folder)
+        self._reported: dict[str, Any] = {}
+
+    def device(self) -> torch.device:
+        from urm_ray.train.step import local_device
+
+        return local_device(self._device)
+
+    def latest(self) -> ray.train.Checkpoint | None:
+        return None if self._latest is None else ray.train.Checkpoint(str(self._latest))
+
+    def reported(self) -> dict[str, Any]:
+        return self._reported
 
     def shard(self, name: str) -> Any:
         return self.datasets[name]
@@ -110,41 +139,10 @@ class ProcessHost:
         found = checkpoint.load_newest(checkpoint.saved_local(self.run_folder), checkpoint.load_state)
         if found is None:
             return None
-        self.latest, state = found
+        self._latest, state = found
         return state
 
     def report(self, metrics: dict[str, Any], folder: Path | None, step: int) -> None:
         if folder is not None:
-            self.latest = checkpoint.persist_local(folder, self.run_folder, step, self.keep)
-            self.metrics = metrics
-
-
-class TrialHost:
-    """A Tune trial actor, one worker: Tune persists the checkpoints in the trial's folder and
-    hands the latest back (``tune.get_checkpoint``) when it retries or resumes the trial. Ray
-    Tune is imported here only: every Ray Train worker loads this module and needs none of it."""
-
-    rank, world = 0, 1
-
-    def __init__(self, datasets: dict[str, Any], to_tune: TuneFilter) -> None:
-        self.datasets, self.to_tune = datasets, to_tune
-
-    def shard(self, name: str) -> Any:
-        return self.datasets[name]
-
-    def saved_state(self) -> dict[str, Any] | None:
-        return _load(self.latest())
-
-    def latest(self) -> ray.tune.Checkpoint | None:
-        import ray.tune
-
-        return ray.tune.get_checkpoint()
-
-    def report(self, metrics: dict[str, Any], folder: Path | None, step: int) -> None:
-        import ray.tune
-
-        shown = self.to_tune(metrics, folder is not None)
-        if shown is None:
-            return
-        ckpt = None if folder is None else ray.tune.Checkpoint.from_directory(str(folder))
-        ray.tune.report(shown, checkpoint=ckpt)
+            self._latest = checkpoint.persist_local(folder, self.run_folder, step, self.keep)
+            self._reported = metrics

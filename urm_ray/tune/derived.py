@@ -63,7 +63,7 @@ class Derived:
         return all(metric in metrics for metric in self.required)
 
     def for_tune(self, metrics: dict[str, Any], checkpoint: bool) -> dict[str, Any] | None:
-        """A one-worker trial's report as Tune gets it (``hosts.TrialHost``): with the derived
+        """A one-worker trial's report as Tune gets it (``tune.trial_host.TrialHost``): with the derived
         metrics; None (kept out of Tune) before the first evaluation, unless it carries a
         checkpoint, which Tune must persist (the sweep lets such results through)."""
         metrics = self.add(metrics)

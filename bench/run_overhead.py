@@ -2,7 +2,7 @@
 
     python bench/run_overhead.py                                  # sudoku4-urm train.steps=50, 3 rounds
     python bench/run_overhead.py --rounds 5 --variant A= --variant B=RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=2
-    python bench/run_overhead.py --variant in-process= --variant ray-train=+train.in_process=false
+    python bench/run_overhead.py --variant in-process= --variant ray-train=+resources.in_process=false
 
 Each round runs every variant once, in turn (interleaved), as a fresh process in a scratch
 folder, and stamps each line the run prints with the time since the command started. The phases
@@ -57,7 +57,7 @@ def _run(args: list[str], env: dict[str, str]) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as scratch:
         start = time.perf_counter()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "urm_ray.cli", "train", *args, f"train.storage_path={scratch}/runs"],
+            [sys.executable, "-m", "urm_ray.cli", "train", *args, f"checkpoint.storage_path={scratch}/runs"],
             cwd=scratch, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True,
         )

@@ -33,7 +33,7 @@ def child(args: argparse.Namespace) -> None:
     from urm_ray.train.step import build_state, train_step
 
     cfg = load_config(args.config, args.overrides)
-    torch.set_num_threads(args.threads or torch_threads(cfg.train))
+    torch.set_num_threads(args.threads or torch_threads(cfg.resources))
     task = task_spec(cfg.data, argparse.Namespace(vocab=0, seq_len=0))
     state = build_state(cfg, task, torch.device("cpu"))
     batch = random_batch(state.local_batch, task, torch.device("cpu"))

@@ -109,7 +109,7 @@ def scale_space(trials: int, concurrency: int, steps: int = 20, retries: int = 1
             "data.path": "builtin:sudoku4", "model.hidden_size": 16, "model.num_heads": 2,
             "model.num_layers": 1, "model.expansion": 1.0, "model.max_segments": 2,
             "train.steps": steps, "train.global_batch_size": 16, "train.log_every": 10,
-            "train.eval_every": 10, "train.checkpoint_every": 10, "train.eval_max_rows": 16,
+            "eval.every": 10, "checkpoint.every": 10, "eval.max_rows": 16,
             "optim.warmup_steps": 1,
         },
         "params": {

@@ -114,7 +114,7 @@ class Side:
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile=compiled, bf16=bf16))
         self.bf16 = bf16
         # every side starts from the same weights (seeded by train.seed)
-        self.state = build_state(cfg, task, device, world=cfg.train.num_workers)
+        self.state = build_state(cfg, task, device, world=cfg.resources.num_workers)
         self.batch = random_batch(self.state.local_batch, task, device)
         self.samples_per_s, self.peak_mem_mib = [], 0.0
 
@@ -141,7 +141,7 @@ def counted_flops(side: Side) -> int:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg, device = load_config(args.config, args.overrides), torch.device(args.device)
-    torch.set_num_threads(args.threads or torch_threads(cfg.train))  # the trainer's rule when --threads is 0
+    torch.set_num_threads(args.threads or torch_threads(cfg.resources))  # the trainer's rule when --threads is 0
     task = task_spec(cfg.data, args)
     precisions = args.precisions or [default_precision(cfg, device)]
     sides = {side_name(mode, precision, len(precisions)): Side(cfg, task, device, mode == "compiled",

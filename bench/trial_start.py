@@ -44,9 +44,9 @@ TRIAL_CPUS = 0.1  # as a sweep's trial actor (tune.resources.TRIAL_CPUS)
 CLUSTER_CPUS = 4  # logical: 2 workers + Ray Data's reserve + the trial actor
 TINY = {"model.hidden_size": 16, "model.num_heads": 2, "model.num_layers": 1, "model.expansion": 1.0,
         "model.loops": 2, "model.truncation": 0, "model.max_segments": 1, "train.steps": 1,
-        "train.global_batch_size": 16, "train.log_every": 1, "train.eval_every": 0,
-        "train.checkpoint_every": 0, "train.eval_max_rows": 16, "train.num_workers": WORKERS,
-        "train.cpus_per_worker": 1.0, "train.in_process": False}
+        "train.global_batch_size": 16, "train.log_every": 1, "eval.every": 0,
+        "checkpoint.every": 0, "eval.max_rows": 16, "resources.num_workers": WORKERS,
+        "resources.cpus_per_worker": 1.0, "resources.in_process": False}
 
 
 def _stamp_start(folder: Path, name: str) -> None:
@@ -131,7 +131,7 @@ def trial_context(folder: Path) -> Any:
 
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     parent = tracking.open_run(uri, "bench-start", "bench", {}, {KIND_TAG: "sweep"})
-    extra = {**TINY, "data.path": "builtin:sudoku4", "train.storage_path": str(folder / "trials"),
+    extra = {**TINY, "data.path": "builtin:sudoku4", "checkpoint.storage_path": str(folder / "trials"),
              "tracking.tracking_uri": uri, "tracking.experiment": "bench-start"}
     return TrialContext("bench", load_space("quickstart"), extra, uri, "bench-start", parent)
 

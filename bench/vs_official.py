@@ -70,7 +70,7 @@ def our_step(harness: ModuleType, name: str, blob: dict, extra: tuple[str, ...])
     model_cfg, task = config_from_official("urm", arch)
     optim, batch = harness.CONFIGS[name]["optim"], harness.CONFIGS[name]["batch"]
     cfg = load_config("sudoku4-urm", [
-        f"train.global_batch_size={batch}", "train.num_workers=1", f"optim.lr={optim['lr']}",
+        f"train.global_batch_size={batch}", "resources.num_workers=1", f"optim.lr={optim['lr']}",
         f"optim.weight_decay={optim['wd']}", f"optim.ema_decay={optim['ema']}", *extra])
     cfg = dataclasses.replace(cfg, model=model_cfg,
                               optim=dataclasses.replace(cfg.optim, puzzle_emb_lr=optim["pe_lr"],

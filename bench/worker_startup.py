@@ -40,8 +40,8 @@ from urm_ray.train.driver import fit
 
 TINY = ["data.path=builtin:sudoku4", "model.hidden_size=16", "model.num_heads=2", "model.num_layers=1",
         "model.expansion=1.0", "model.max_segments=2", "train.steps=20", "train.global_batch_size=16",
-        "train.log_every=10", "train.eval_every=10", "train.checkpoint_every=10",
-        "train.eval_max_rows=16", "train.in_process=false"]
+        "train.log_every=10", "eval.every=10", "checkpoint.every=10",
+        "eval.max_rows=16", "resources.in_process=false"]
 TRAINING_FUNCTION = "execute.chdir_to_working_dir"  # Ray Train's last set-up call before the loop
 
 
@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--workers {args.workers}: a run of one worker trains in its own process")
     with tempfile.TemporaryDirectory(prefix="urm-ray-startup-") as folder:
         work = Path(folder)
-        cfg = load_config("sudoku4-urm", [*TINY, f"train.num_workers={args.workers}",
-                                          f"train.cpus_per_worker={args.cpus_per_worker}",
-                                          f"train.storage_path={work / 'runs'}",
+        cfg = load_config("sudoku4-urm", [*TINY, f"resources.num_workers={args.workers}",
+                                          f"resources.cpus_per_worker={args.cpus_per_worker}",
+                                          f"checkpoint.storage_path={work / 'runs'}",
                                           f"tracking.tracking_uri=sqlite:///{work / 'mlflow.db'}", *args.set])
         init_ray(verbose=False, dashboard=True)  # the state API is the dashboard's
         started = time.time()

@@ -38,7 +38,7 @@ def parameters(preset: str, overrides: list[str]) -> int:
 def train(preset: str, overrides: list[str], out: Path) -> dict[str, Any]:
     """One `urm-ray train` in a fresh process; returns its printed summary plus the wall time."""
     command = [sys.executable, "-m", "urm_ray.cli", "train", preset, *overrides,
-               f"train.run_name=zoo-{preset}", f"train.storage_path={out / 'runs'}",
+               f"train.run_name=zoo-{preset}", f"checkpoint.storage_path={out / 'runs'}",
                f"tracking.tracking_uri=sqlite:///{out / 'mlflow.db'}", "tracking.experiment=zoo"]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)

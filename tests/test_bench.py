@@ -36,7 +36,7 @@ def test_json_from_dataset_metadata(tmp_path: Path):
     data = tmp_path / "s4"
     sudoku.build_generated(data, size=4, num_train=20, num_test=5, blanks=8, seed=0)
     out = tmp_path / "bench.json"
-    throughput.main(["sudoku4-urm", *TINY, f"data.path={data}", "train.num_workers=2",
+    throughput.main(["sudoku4-urm", *TINY, f"data.path={data}", "resources.num_workers=2",
                    "--steps", "2", "--rounds", "2", "--warmup", "1", "--threads", "1", "--json", str(out)])
     result = json.loads(out.read_text())
     assert (result["vocab_size"], result["seq_len"], result["tokens_per_row"]) == (6, 16, 16)

@@ -8,7 +8,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from urm_ray.config import apply_overrides, build_config, flatten, load_config, preset_names, replace, with_values
+from urm_ray.config import (
+    RENAMED,
+    apply_overrides,
+    build_config,
+    flatten,
+    load_config,
+    preset_names,
+    renamed,
+    replace,
+    with_values,
+)
 from urm_ray.data.config import DataConfig
 from urm_ray.errors import ConfigError
 from urm_ray.models.registry import MODELS
@@ -50,7 +60,7 @@ def test_yaml_file_round_trip(tmp_path: Path):
         (["trian.steps=3"], ["trian"]),
         (["model.loops=eight"], ["model.loops", "'eight'", "int"]),
         (["model.truncation=4"], ["model.truncation=4", "model.loops=4"]),
-        (["train.global_batch_size=10", "train.num_workers=3"], ["global_batch_size=10", "num_workers=3"]),
+        (["train.global_batch_size=10", "resources.num_workers=3"], ["global_batch_size=10", "num_workers=3"]),
         (["train.loss=mse"], ["train.loss", "stablemax"]),
         (["optim.lr=-1"], ["optim.lr=-1"]),
         (["model.name=gpt"], ["model.name", "urm"]),
@@ -168,13 +178,13 @@ def test_keys_with_effect_do_not_warn():
 
 def test_gpu_keys_warn_when_the_run_trains_on_cpu():
     for native_bf16 in (True, False):  # auto bf16 (GPU only), default GPU share
-        _quiet(lambda: load_config("sudoku4-urm").train.warn_unused_on_cpu(native_bf16))
-        _quiet(lambda: load_config("sudoku4-urm", ["train.bf16=false"]).train.warn_unused_on_cpu(native_bf16))
-    with pytest.warns(UserWarning, match="train.gpus_per_worker=0.5 has no effect: the run trains on CPU"):
-        load_config("sudoku4-urm", ["train.gpus_per_worker=0.5"]).train.warn_unused_on_cpu(True)
-    _quiet(lambda: load_config("sudoku4-urm", ["train.bf16=true"]).train.warn_unused_on_cpu(True))
+        _quiet(lambda: load_config("sudoku4-urm").warn_unused_on_cpu(native_bf16))
+        _quiet(lambda: load_config("sudoku4-urm", ["train.bf16=false"]).warn_unused_on_cpu(native_bf16))
+    with pytest.warns(UserWarning, match="resources.gpus_per_worker=0.5 has no effect: the run trains on CPU"):
+        load_config("sudoku4-urm", ["resources.gpus_per_worker=0.5"]).warn_unused_on_cpu(True)
+    _quiet(lambda: load_config("sudoku4-urm", ["train.bf16=true"]).warn_unused_on_cpu(True))
     with pytest.warns(UserWarning, match="train.bf16=true on a CPU without native bf16"):
-        load_config("sudoku4-urm", ["train.bf16=true"]).train.warn_unused_on_cpu(False)
+        load_config("sudoku4-urm", ["train.bf16=true"]).warn_unused_on_cpu(False)
 
 
 def test_translate_warns_on_data_that_is_not_arc():
@@ -195,8 +205,8 @@ def test_translate_warns_on_data_that_is_not_arc():
 @pytest.mark.parametrize("name", preset_names())
 def test_presets_warn_about_nothing(name):
     cfg = _quiet(lambda: load_config(name))
-    if cfg.train.device != "cuda":  # auto may train on CPU
-        _quiet(lambda: cfg.train.warn_unused_on_cpu(native_bf16=False))
+    if cfg.resources.device != "cuda":  # auto may train on CPU
+        _quiet(lambda: cfg.warn_unused_on_cpu(native_bf16=False))
 
 
 @pytest.mark.parametrize("name", sorted(shipped_spaces()))
@@ -207,7 +217,50 @@ def test_search_spaces_warn_about_nothing(name, load_shipped):
 
 
 def test_overrides_set_dict_values_but_never_replace_a_section():
-    cfg = build_config(apply_overrides(BASE, ["train.worker_resources={accelerator_type:A100: 1}"]))
-    assert cfg.train.worker_resources == {"accelerator_type:A100": 1}
+    cfg = build_config(apply_overrides(BASE, ["resources.worker_resources={accelerator_type:A100: 1}"]))
+    assert cfg.resources.worker_resources == {"accelerator_type:A100": 1}
     with pytest.raises(ConfigError, match="train: give dotted keys"):
         with_values(BASE, {"train": {"steps": 600}})
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED))
+def test_a_renamed_key_is_refused_naming_its_new_key(old):
+    section, key = old.split(".")
+    new = RENAMED[old]
+    with pytest.raises(ConfigError, match=rf"^{re.escape(old)} was renamed {re.escape(new)}"):
+        build_config({**BASE, section: {key: 1}})
+    new_section, new_key = new.split(".")
+    assert hasattr(build_config(BASE).__dict__[new_section], new_key)
+
+
+def test_renamed_keys_are_refused_from_yaml_overrides_and_search_spaces(tmp_path: Path):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "train": {"steps": 5, "eval_every": 0}}))
+    with pytest.raises(ConfigError, match="train.eval_every was renamed eval.every: write eval.every=0"):
+        load_config(str(path))
+    with pytest.raises(ConfigError, match="train.num_workers was renamed resources.num_workers"):
+        load_config("sudoku4-urm", ["train.num_workers=2"])
+    space = {"base": "sudoku4-urm", "params": {"train.eval_max_rows": {"type": "int", "low": 2, "high": 4}},
+             "objectives": [{"metric": "eval/exact_accuracy", "mode": "max"}], "trials": 2}
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    with pytest.raises(ConfigError, match="parameter train.eval_max_rows: .* renamed eval.max_rows"):
+        load_space(str(tmp_path / "space.yaml"))
+    space = {**space, "params": {"model.loops": {"type": "int", "low": 2, "high": 4}},
+             "overrides": {"train.checkpoint_every": 100}}
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    with pytest.raises(ConfigError, match="train.checkpoint_every was renamed checkpoint.every"):
+        load_space(str(tmp_path / "space.yaml"))
+
+
+def test_a_checkpoints_saved_config_reads_its_old_keys_under_the_new_names():
+    saved = yaml.safe_load((Path(__file__).parent / "fixtures" / "checkpoint-v1" / "config.yaml").read_text())
+    assert saved["train"]["num_workers"] == 1  # written before the sections split
+    cfg = _quiet(lambda: build_config(renamed(saved)))
+    assert (cfg.resources.num_workers, cfg.checkpoint.every, cfg.eval.batch_size) == (
+        saved["train"]["num_workers"], saved["train"]["checkpoint_every"], saved["train"]["eval_batch_size"])
+
+
+def test_a_space_override_and_a_run_config_override_of_the_same_section_go_apart():
+    space = load_space("quickstart", ["resources.workers=1", "checkpoint.every=0", "trials=3"])
+    assert space.spec.resources.workers == 1 and space.spec.trials == 3
+    assert space.base_config.checkpoint.every == 0

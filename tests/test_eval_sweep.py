@@ -25,7 +25,7 @@ TRIALS = 5
 def _space(checkpoint: str, **changes) -> dict:
     return {
         "checkpoint": checkpoint,
-        "overrides": {"train.eval_max_rows": 32},
+        "overrides": {"eval.max_rows": 32},
         "params": {
             "eval.width": {"type": "categorical", "choices": [1, 2, 4]},
             "eval.noise": {"type": "float", "low": 0.0, "high": 0.5},
@@ -48,10 +48,10 @@ def swept(tmp_path_factory, ray_local, sudoku_data):
     data = sudoku_data(num_train=300, num_test=40, blanks=8)
     uri = f"sqlite:///{root / 'mlflow.db'}"
     trained = fit(load_config("sudoku4-urm", [
-        f"data.path={data}", f"train.storage_path={root / 'runs'}", f"tracking.tracking_uri={uri}",
-        "tracking.experiment=trained", "train.steps=30", "train.eval_every=0", "train.checkpoint_every=0",
+        f"data.path={data}", f"checkpoint.storage_path={root / 'runs'}", f"tracking.tracking_uri={uri}",
+        "tracking.experiment=trained", "train.steps=30", "eval.every=0", "checkpoint.every=0",
         "train.log_every=10", "train.global_batch_size=32", "model.hidden_size=32", "model.num_heads=2",
-        "model.max_segments=3", "train.run_name=trained", "train.in_process=true",
+        "model.max_segments=3", "train.run_name=trained", "resources.in_process=true",
     ]))
     space = _space(trained.checkpoint_path)
     space["params"]["eval.views"] = {"type": "categorical", "choices": [False, True]}  # sudoku has views

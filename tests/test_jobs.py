@@ -151,7 +151,7 @@ def test_ray_job_submit_runs_a_sweep(head: str, tmp_path: Path):
     trials = [r for r in client.search_runs(experiments) if r.data.tags.get(KIND_TAG) == "trial"]
     assert len(trials) == 2
     for run in trials:  # trained on Ray Train's 2 workers, every objective reported through them
-        assert run.data.params["train.num_workers"] == "2" and "eval/token_accuracy" in run.data.metrics
+        assert run.data.params["resources.num_workers"] == "2" and "eval/token_accuracy" in run.data.metrics
     # the job imported the uploaded working directory, not an installed copy
     imported = next(line for line in logs.splitlines() if line.startswith("urm_ray from"))
     assert "working_dir_files" in imported and str(ROOT) not in imported, imported

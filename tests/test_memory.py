@@ -78,7 +78,7 @@ def test_the_estimate_grows_with_rows_tokens_and_passes_with_gradients():
 @pytest.mark.parametrize(("preset", "task", "gpu"), SHIPPED)
 def test_every_shipped_gpu_preset_fits_its_node(preset: str, task: TaskSpec, gpu: str):
     the_plan = plan(load_config(preset), task, gpu)
-    assert the_plan.cfg.train.device in ("cuda", "auto")
+    assert the_plan.cfg.resources.device in ("cuda", "auto")
     assert the_plan.fits, the_plan.render(preset)
     assert the_plan.memory.peak(the_plan.rows) <= FITS * GPUS[gpu] * MIB
 

@@ -36,7 +36,7 @@ def _run(model: URM, batch: dict, calls: int) -> list[ACTCarry]:
 def test_initial_carry_is_all_halted(model_batch):
     batch = model_batch(TASK, size=3)
     carry = _model().initial_carry(batch)
-    assert carry.halted.all() and carry.steps.dtype == torch.int32 and not carry.steps.any()
+    assert carry.halted.all() and carry.segments.dtype == torch.int32 and not carry.segments.any()
     assert carry.state["hidden"].shape == (3, 1 + TASK.seq_len, 16)
     assert carry.current_data.keys() == batch.keys()
 
@@ -44,7 +44,7 @@ def test_initial_carry_is_all_halted(model_batch):
 def test_eval_halts_only_at_the_segment_limit_then_restarts(model_batch):
     model = _model(q_bias=(5.0, -5.0)).eval()  # Q says halt, but eval ignores it
     carries = _run(model, model_batch(TASK), 5)
-    assert [c.steps.tolist() for c in carries] == [[1, 1], [2, 2], [3, 3], [4, 4], [1, 1]]
+    assert [c.segments.tolist() for c in carries] == [[1, 1], [2, 2], [3, 3], [4, 4], [1, 1]]
     assert [c.halted.tolist() for c in carries] == [[False] * 2] * 3 + [[True] * 2, [False] * 2]
     assert all(not t.requires_grad for t in pytree.tree_leaves(carries[0]))
 
@@ -80,7 +80,7 @@ def test_carry_is_a_pytree_and_moves(model_batch):
     rebuilt = pytree.tree_unflatten(leaves, spec)
     assert isinstance(rebuilt, ACTCarry) and rebuilt.state["hidden"] is carry.state["hidden"]
     moved = carry.to("cpu")
-    assert moved is not carry and torch.equal(moved.steps, carry.steps)
+    assert moved is not carry and torch.equal(moved.segments, carry.segments)
 
 
 def _grads_after_two_segments(model: URM, batch: dict) -> tuple[ACTCarry, dict[str, torch.Tensor]]:
@@ -96,7 +96,7 @@ def _ddp_rank(rank: int, world_size: int) -> dict:
     torch.manual_seed(0)
     ddp = DistributedDataParallel(_model().train())
     carry, grads = _grads_after_two_segments(ddp, _batch(seed=rank))
-    return {"steps": carry.steps.tolist(), "grads": grads,
+    return {"steps": carry.segments.tolist(), "grads": grads,
             "local_grad": ddp.module.puzzle_emb.local_weights.grad is not None}
 
 

@@ -157,7 +157,7 @@ def test_aux_loss_is_the_weighted_balanced_kl(model_batch, reduction):
     else:  # every row of the fixture has the same number of supervised tokens
         assert bool((tokens == tokens[0]).all())
         torch.testing.assert_close(outputs["aux_loss"].detach(), 0.25 * outputs["kl"] / tokens[0])
-    total, metrics = guided_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps)
+    total, metrics = guided_loss(outputs, carry.current_data["labels"], carry.halted, carry.segments)
     torch.testing.assert_close(total, metrics["lm_loss"].double() + 0.5 * metrics["q_halt_loss"].double()
                                + outputs["aux_loss"].double())
     assert metrics["kl"] == outputs["kl"] and metrics["kl_last"] == outputs["kl_last"]

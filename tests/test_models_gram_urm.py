@@ -134,7 +134,7 @@ def sudoku_gram():
         batch = {k: v[pick] for k, v in train.items()}
         carry = model.initial_carry(batch) if carry is None else carry
         carry, outputs = model.train()(carry, batch)
-        loss, _ = guided_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps, "softmax")
+        loss, _ = guided_loss(outputs, carry.current_data["labels"], carry.halted, carry.segments, "softmax")
         (loss / rows).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -188,7 +188,7 @@ def test_row_latent_gram_draws_several_valid_queens_boards_from_the_blank_board(
         batch = {"inputs": torch.ones_like(labels), "labels": labels, "puzzle_identifiers": torch.zeros(rows)}
         carry = model.initial_carry(batch) if carry is None else carry
         carry, outputs = model.train()(carry, batch)
-        loss, _ = guided_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps, "softmax")
+        loss, _ = guided_loss(outputs, carry.current_data["labels"], carry.halted, carry.segments, "softmax")
         (loss / rows).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

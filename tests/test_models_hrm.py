@@ -71,7 +71,7 @@ def test_target_q_continue_bootstraps_from_the_next_segment(model_batch):
             carry.halted = torch.zeros_like(restart)  # peek at the next segment without resetting
             _, nxt = model(carry, batch)
             carry.halted = restart
-        last = carry.steps >= model.config.max_segments
+        last = carry.segments >= model.config.max_segments
         best = torch.where(last, nxt["q_halt_logits"], nxt["q_halt_logits"].maximum(nxt["q_continue_logits"]))
         torch.testing.assert_close(outputs["target_q_continue"], torch.sigmoid(best))
         assert not outputs["target_q_continue"].requires_grad

@@ -31,7 +31,7 @@ def _assert_outputs(outputs: dict, carry, expected: dict) -> None:
     for key in ("logits", "q_halt_logits", "q_continue_logits"):
         torch.testing.assert_close(outputs[key], expected[key], **TOL)
     assert torch.equal(carry.halted, expected["halted"])
-    assert torch.equal(carry.steps, expected["steps"])
+    assert torch.equal(carry.segments, expected["steps"])
     for name, value in carry.state.items():
         torch.testing.assert_close(value, expected["carry"][FIXTURE_STATE_NAMES.get(name, name)], **TOL)
 

@@ -35,7 +35,7 @@ def test_one_segment_is_a_plain_forward_pass(model_batch, ffn, mlp_type):
     assert all(type(layer.mlp) is mlp_type for layer in model.blocks.layers) and len(model.blocks.layers) == 3
     batch = model_batch(TASK)
     carry, outputs = model(model.initial_carry(batch), batch)
-    assert carry.halted.all() and (carry.steps == 1).all()  # max_segments=1: done after one call
+    assert carry.halted.all() and (carry.segments == 1).all()  # max_segments=1: done after one call
     x = model.embed_input(batch["inputs"], batch["puzzle_identifiers"])
     h = x
     for layer in model.blocks.layers:  # no state, no loop: blocks(x)
@@ -47,7 +47,7 @@ def test_backward_reaches_every_parameter(model_batch):
     model = build_model(TransformerConfig(**TINY), TASK).train()
     batch = model_batch(TASK)
     carry, outputs = model(model.initial_carry(batch), batch)
-    loss, metrics = act_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps)
+    loss, metrics = act_loss(outputs, carry.current_data["labels"], carry.halted, carry.segments)
     loss.backward()
     assert metrics["count"] == 2 and "kl" not in metrics
     for name, param in model.named_parameters():
@@ -63,7 +63,7 @@ def test_act_can_wrap_several_segments(model_batch):
     for _ in range(3):
         carry, outputs = model(carry, batch)
         logits.append(outputs["logits"])
-    assert carry.halted.all() and (carry.steps == 3).all()
+    assert carry.halted.all() and (carry.segments == 3).all()
     assert not torch.equal(logits[0], logits[1])  # later segments re-read the carried state
 
 

@@ -4,7 +4,7 @@ A local Ray cluster of three nodes (``ray.cluster_utils.Cluster``: a head and tw
 each worker node offering one ``trial_slot`` that every trial asks for, so trials run only on the
 worker nodes) and a moto S3 server stand in for a cloud cluster. The dataset exists only on S3
 (built in a temporary folder, uploaded, and the folder removed before the sweep starts), and
-``train.storage_path`` is an ``s3://`` URL; the sweep folder (``--dir``) holds ``sweep.json``, the
+``checkpoint.storage_path`` is an ``s3://`` URL; the sweep folder (``--dir``) holds ``sweep.json``, the
 Optuna study and the report on the driver. The driver process is killed once a trial has a
 checkpoint on S3, and ``--resume`` finishes the sweep.
 
@@ -36,8 +36,8 @@ from test_cluster import TINY_SPACE, subprocess_env
 pytestmark = pytest.mark.slow
 
 SPACE = {**TINY_SPACE, "trials": 3, "overrides": {
-    **TINY_SPACE["overrides"], "train.steps": 2, "train.log_every": 1, "train.eval_every": 2,
-    "train.checkpoint_every": 1}}
+    **TINY_SPACE["overrides"], "train.steps": 2, "train.log_every": 1, "eval.every": 2,
+    "checkpoint.every": 1}}
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_sweep_on_three_nodes_keeps_data_and_checkpoints_on_s3_and_resumes(clust
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump(SPACE, sort_keys=False))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    args = [f"data.path={data}", f"train.storage_path=s3://{BUCKET}/runs", f"tracking.tracking_uri={uri}"]
+    args = [f"data.path={data}", f"checkpoint.storage_path=s3://{BUCKET}/runs", f"tracking.tracking_uri={uri}"]
     with subprocess.Popen(sweep_cmd(tmp_path, str(space), "--name", "mn", *args), env=env, cwd=tmp_path,
                           text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as first:
         deadline = time.monotonic() + 420
@@ -157,5 +157,5 @@ def test_local_storage_or_data_is_refused_on_several_nodes(cluster, s3, tmp_path
     assert refused.returncode == 2, refused.stderr[-3000:]
     line = refused.stderr.strip().splitlines()[-1]
     assert f"data.path={local_data}" in line and "3 nodes" in line and "s3://" in line, line
-    assert "train.shared_fs=true" in line and "Traceback" not in refused.stderr
+    assert "resources.shared_fs=true" in line and "Traceback" not in refused.stderr
     assert not (tmp_path / "sweeps" / "local").exists()  # nothing left: the same name works once fixed

@@ -176,8 +176,8 @@ def pg_sweep(ray_local, postgres_server, tmp_path_factory):
             # sweep.json holds no password: --storage and $MLFLOW_TRACKING_URI give it back
             code = main(["sweep", "--resume", "pg", "--dir", str(root / "sweeps"), "--storage", optuna_url])
             trained = main(["train", "sudoku4-urm", *[f"{k}={v}" for k, v in SPACE["overrides"].items()],
-                            f"data.path={data}", "train.run_name=pg-train", "train.checkpoint_every=2",
-                            f"train.storage_path={root / 'runs'}"])
+                            f"data.path={data}", "train.run_name=pg-train", "checkpoint.every=2",
+                            f"checkpoint.storage_path={root / 'runs'}"])
     finally:
         root_logger.removeHandler(handler)
         root_logger.setLevel(level)

@@ -34,7 +34,7 @@ from tiny import run_config
 from test_cloud import BUCKET, FAKE_AWS, s3  # noqa: F401 (the moto S3 server fixture)
 
 def _config(tmp_path: Path, data: Path, *overrides: str):
-    return run_config(data, tmp_path, "resume", "train.log_every=2", "train.checkpoint_every=2",
+    return run_config(data, tmp_path, "resume", "train.log_every=2", "checkpoint.every=2",
                       "train.steps=2", "train.run_name=r", *overrides)
 
 
@@ -153,7 +153,7 @@ def test_on_s3_the_newest_complete_checkpoint_decides(s3, monkeypatch):
     for name, value in {**FAKE_AWS, "AWS_ENDPOINT_URL": s3}.items():
         monkeypatch.setenv(name, value)
     storage = f"s3://{BUCKET}/resume"
-    cfg = load_config("sudoku4-urm", [f"train.storage_path={storage}", "train.run_name=r"])
+    cfg = load_config("sudoku4-urm", [f"checkpoint.storage_path={storage}", "train.run_name=r"])
     resume.check(cfg)  # no checkpoint: a new run
     fs, root = pyarrow.fs.FileSystem.from_uri(storage)
     for stamp, text in (("2026-01-01_00-00-00.000001", dump_yaml(cfg)), ("2026-01-02_00-00-00.000001", "{}")):
@@ -165,5 +165,5 @@ def test_on_s3_the_newest_complete_checkpoint_decides(s3, monkeypatch):
     with pytest.raises(ConfigError, match=f"resumes from {storage}/r/checkpoint_2026-01-01_00-00-00.000001, "
                                           "whose config differs in model.loops: saved 4, now 3; optim.lr: "
                                           "saved 0.001, now 0.5. A resume"):
-        resume.check(load_config("sudoku4-urm", [f"train.storage_path={storage}", "train.run_name=r",
+        resume.check(load_config("sudoku4-urm", [f"checkpoint.storage_path={storage}", "train.run_name=r",
                                                  "model.loops=3", "optim.lr=0.5"]))

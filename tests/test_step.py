@@ -72,7 +72,7 @@ def test_a_micro_batch_must_divide_the_workers_rows():
     with pytest.raises(ConfigError, match=r"train.micro_batch_size=3 must be 0 .* = 8"):
         tiny.config("urm", extra=("train.micro_batch_size=3",))
     with pytest.raises(ConfigError, match=r"train.micro_batch_size=4 .* = 2"):
-        tiny.config("urm", extra=("train.num_workers=4", "train.micro_batch_size=4"))
+        tiny.config("urm", extra=("resources.num_workers=4", "train.micro_batch_size=4"))
 
 
 @pytest.mark.parametrize("family", sorted(tiny.FAMILIES))
@@ -84,9 +84,9 @@ def test_checkpointed_blocks_make_the_same_step_and_keep_less(family: str):
 
 
 def test_fractional_gpus_are_refused_for_several_workers():
-    with pytest.raises(ConfigError, match=r"train.gpus_per_worker=0.5 with train.num_workers=2: DDP's NCCL"):
-        tiny.config("urm", extra=("train.num_workers=2", "train.gpus_per_worker=0.5", "train.device=cuda"))
-    assert tiny.config("urm", extra=("train.gpus_per_worker=0.5", "train.device=cuda")).train.gpus_per_worker == 0.5
+    with pytest.raises(ConfigError, match=r"resources.gpus_per_worker=0.5 with resources.num_workers=2: DDP's NCCL"):
+        tiny.config("urm", extra=("resources.num_workers=2", "resources.gpus_per_worker=0.5", "resources.device=cuda"))
+    assert tiny.config("urm", extra=("resources.gpus_per_worker=0.5", "resources.device=cuda")).resources.gpus_per_worker == 0.5
 
 
 def test_a_batch_reaches_the_device_unchanged():

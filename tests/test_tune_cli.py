@@ -10,7 +10,7 @@ from urm_ray.cli import _parse, main
 def test_overrides_may_follow_options():
     args = _parse(["sweep", "quickstart", "--name", "qs", "trials=3", "train.steps=50"])
     assert (args.space, args.name, args.overrides) == ("quickstart", "qs", ["trials=3", "train.steps=50"])
-    assert _parse(["final", "qs", "--seeds", "2", "train.num_workers=2"]).overrides == ["train.num_workers=2"]
+    assert _parse(["final", "qs", "--seeds", "2", "resources.num_workers=2"]).overrides == ["resources.num_workers=2"]
 
 
 def test_invalid_space_fails_before_anything_runs(tmp_path: Path, capsys):

@@ -29,8 +29,8 @@ SPACE = {
     "overrides": {
         "model.hidden_size": 16, "model.num_heads": 2, "model.num_layers": 1, "model.expansion": 1.0,
         "model.max_segments": 2, "train.steps": 10, "train.global_batch_size": 8, "train.log_every": 5,
-        "train.eval_every": 10, "train.checkpoint_every": 10, "train.eval_max_rows": 16,
-        "train.torch_threads": 1, "optim.warmup_steps": 1,
+        "eval.every": 10, "checkpoint.every": 10, "eval.max_rows": 16,
+        "resources.torch_threads": 1, "optim.warmup_steps": 1,
     },
     "params": {
         "model.loops": {"type": "int", "low": 2, "high": 3},

@@ -38,8 +38,8 @@ SPACE = {
     "overrides": {
         "model.hidden_size": 32, "model.num_heads": 2, "model.num_layers": 1,
         "model.expansion": 1.0, "train.steps": 20,
-        "train.global_batch_size": 16, "train.log_every": 5, "train.eval_every": 10,
-        "train.checkpoint_every": 10, "train.eval_max_rows": 32, "optim.warmup_steps": 2,
+        "train.global_batch_size": 16, "train.log_every": 5, "eval.every": 10,
+        "checkpoint.every": 10, "eval.max_rows": 32, "optim.warmup_steps": 2,
     },
     "params": {
         "model.loops": {"type": "int", "low": 2, "high": 3},

@@ -49,15 +49,15 @@ def test_best_config_is_a_training_config(study_and_space, tmp_path: Path):
     would otherwise run on the trials' CPU shares and device)."""
     study, space = study_and_space
     trial_plan = plan({"CPU": 2.0}, space.spec.resources, 0, space.spec.trials)
-    overrides = {**trial_plan.train_overrides(), "train.worker_resources.spot": 1.0,
+    overrides = {**trial_plan.train_overrides(), "resources.worker_resources.spot": 1.0,
                  "data.path": "/data/sudoku4"}
     cfg = best_config(space, ranked(study, space)[0], overrides)
-    base = space.base_config.train
+    base = space.base_config.resources
     assert (cfg.model.loops, cfg.model.truncation, cfg.data.path) == (3, 2, "/data/sudoku4")
-    assert trial_plan.train_overrides()["train.device"] == "cpu" != base.device
+    assert trial_plan.train_overrides()["resources.device"] == "cpu" != base.device
     for key in ("num_workers", "cpus_per_worker", "gpus_per_worker", "device", "torch_threads",
                 "worker_resources"):
-        assert getattr(cfg.train, key) == getattr(base, key), key
+        assert getattr(cfg.resources, key) == getattr(base, key), key
     (tmp_path / "best.yaml").write_text(dump_yaml(cfg))
     assert load_config(str(tmp_path / "best.yaml")).optim.lr == cfg.optim.lr
 

@@ -12,13 +12,13 @@ def test_two_cpu_laptop_runs_two_small_trials():
     p = plan({"CPU": 2.0}, Resources(workers=1, cpus_per_worker=0.4), requested=0, trials=12)
     assert p.concurrency == 2 and p.torch_threads == 1
     assert p.concurrency * p.trial_total_cpus + DATA_CPUS <= 2.0
-    assert p.train_overrides()["train.device"] == "cpu"
+    assert p.train_overrides()["resources.device"] == "cpu"
 
 
 def test_every_planned_key_is_a_resource_key():
     """What the plan sets per trial is exactly what the best config and final training drop."""
     p = plan({"CPU": 8.0, "GPU": 1.0, "spot": 1.0}, Resources(1, 1.0, 1.0, {"spot": 1.0}), 0, 1)
-    assert "train.worker_resources.spot" in p.train_overrides()
+    assert "resources.worker_resources.spot" in p.train_overrides()
     assert all(is_resource_key(key) for key in p.train_overrides())
     kept = {"data.path": "/d", "train.steps": 5, "train.seed": 1}
     assert without_resources({**p.train_overrides(), **kept}) == kept
@@ -35,7 +35,7 @@ def test_concurrency_never_exceeds_trials_or_room():
 def test_gpu_trials_are_bounded_by_gpus():
     p = plan({"CPU": 32.0, "GPU": 4.0}, Resources(2, 4.0, 1.0), 0, 10)
     assert p.concurrency == 2
-    assert p.train_overrides()["train.device"] == "cuda"
+    assert p.train_overrides()["resources.device"] == "cuda"
 
 
 @pytest.mark.parametrize("cluster, res, requested, match", [

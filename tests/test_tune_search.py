@@ -26,7 +26,7 @@ METRIC = "eval/token_accuracy"
 def space(tmp_path: Path):
     data = {
         "base": "sudoku4-urm",
-        "overrides": {"train.steps": 30, "train.eval_every": 10},
+        "overrides": {"train.steps": 30, "eval.every": 10},
         "params": {"model.loops": {"type": "int", "low": 2, "high": 6},
                    "model.truncation": {"type": "int", "low": 0, "high": "model.loops - 1"},
                    "optim.lr": {"type": "log_float", "low": 1.0e-4, "high": 3.0e-3}},
@@ -160,7 +160,7 @@ def test_a_nan_objective_is_told_as_failed_and_the_search_goes_on(space, tmp_pat
 
 
 def test_a_derived_metric_that_divides_by_zero_is_nan_with_one_warning(tmp_path: Path, caplog):
-    data = {"base": "sudoku4-urm", "overrides": {"train.steps": 30, "train.eval_every": 10},
+    data = {"base": "sudoku4-urm", "overrides": {"train.steps": 30, "eval.every": 10},
             "params": {"model.loops": {"type": "int", "low": 2, "high": 6}},
             "derived": {"compute/accuracy_per_segment": "eval/exact_accuracy / eval/q_halt_segments"},
             "objectives": [{"metric": "compute/accuracy_per_segment", "mode": "max"}],

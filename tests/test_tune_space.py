@@ -74,7 +74,7 @@ def test_gram_space_searches_the_kl_coefficient():
 
 
 def test_valid_space_and_overrides(tmp_path: Path):
-    space = load_space(str(_space(tmp_path)), ["trials=7", "train.steps=300", "train.eval_every=50",
+    space = load_space(str(_space(tmp_path)), ["trials=7", "train.steps=300", "eval.every=50",
                                                "scheduler.grace_steps=100"])
     assert space.spec.trials == 7 and space.steps == 300
     assert [p.key for p in space.params] == ["model.loops", "model.truncation", "optim.lr", "model.ffn"]
@@ -114,7 +114,7 @@ def test_bad_objective_scheduler_and_start_point(tmp_path: Path):
         load_space(str(_space(tmp_path, objectives=[{"metric": "accuracy", "mode": "max"}])))
     with pytest.raises(ConfigError, match=r"arc/pass_at_2 is reported only with eval.views=true \(the arc task"):
         load_space(str(_space(tmp_path, objectives=[{"metric": "arc/pass_at_2", "mode": "max"}])))
-    with pytest.raises(ConfigError, match="multiple of train.eval_every"):
+    with pytest.raises(ConfigError, match="multiple of eval.every"):
         load_space(str(_space(tmp_path)), ["scheduler.grace_steps=30"])
     point = {"model.loops": 4, "model.truncation": 4, "optim.lr": 1e-3, "model.ffn": "swiglu"}
     with pytest.raises(ConfigError, match="model.truncation=4 is outside"):

@@ -37,8 +37,8 @@ SPACE = {
     "overrides": {
         "model.hidden_size": 32, "model.num_heads": 2, "model.num_layers": 1,
         "model.expansion": 1.0, "train.steps": 30, "train.global_batch_size": 16,
-        "train.log_every": 5, "train.eval_every": 10, "train.checkpoint_every": 10,
-        "train.eval_max_rows": 32, "optim.warmup_steps": 2,
+        "train.log_every": 5, "eval.every": 10, "checkpoint.every": 10,
+        "eval.max_rows": 32, "optim.warmup_steps": 2,
     },
     "params": {
         "model.loops": {"type": "int", "low": 2, "high": 3},
@@ -203,9 +203,9 @@ def test_best_config_is_exported_and_trainable(sweep, capsys):
                key=lambda t: t.value)
     assert cfg.optim.lr == best.params["optim.lr"] and cfg.model.loops == best.params["model.loops"]
     assert cfg.train.steps == 30
-    # the trials ran on 0.4 CPU with train.device=cpu; the exported config keeps the base's
+    # the trials ran on 0.4 CPU with resources.device=cpu; the exported config keeps the base's
     base = load_config("sudoku4-urm").train
-    assert (cfg.train.cpus_per_worker, cfg.train.device) == (base.cpus_per_worker, base.device)
+    assert (cfg.resources.cpus_per_worker, cfg.resources.device) == (base.cpus_per_worker, base.device)
 
 
 def test_final_reruns_seeds_trains_and_registers(sweep, caplog):
@@ -226,7 +226,7 @@ def test_final_reruns_seeds_trains_and_registers(sweep, caplog):
     client = MlflowClient(sweep["uri"])
     run = client.get_run(outcome.run_id)
     base = load_config("sudoku4-urm").train  # the final run's resources: not the trials' 0.4 CPU
-    assert run.data.params["train.cpus_per_worker"] == str(base.cpus_per_worker)
+    assert run.data.params["resources.cpus_per_worker"] == str(base.cpus_per_worker)
     final_parent = client.get_run(run.data.tags["mlflow.parentRunId"])
     assert final_parent.data.tags["mlflow.parentRunId"] == sweep["info"].parent_run_id
     version = client.get_model_version(outcome.model_name, "1")

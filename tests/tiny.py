@@ -23,14 +23,14 @@ FAMILIES = {
 }
 # a tiny URM run on a 4x4 Sudoku dataset: one worker thread, no evaluation, one warmup step
 RUN = ["model.hidden_size=16", "model.num_heads=2", "model.num_layers=1", "model.loops=2",
-       "model.truncation=1", "model.max_segments=2", "model.expansion=1.0", "train.torch_threads=1",
-       "train.global_batch_size=8", "train.eval_every=0", "train.eval_max_rows=8", "optim.warmup_steps=1"]
+       "model.truncation=1", "model.max_segments=2", "model.expansion=1.0", "resources.torch_threads=1",
+       "train.global_batch_size=8", "eval.every=0", "eval.max_rows=8", "optim.warmup_steps=1"]
 
 
 def run_config(data, tmp_path, experiment: str, *overrides: str) -> RunConfig:
     """``RUN`` on the dataset at ``data``, its runs and SQLite MLflow store under ``tmp_path``."""
     return load_config("sudoku4-urm", [
-        *RUN, f"data.path={data}", f"train.storage_path={tmp_path / 'runs'}",
+        *RUN, f"data.path={data}", f"checkpoint.storage_path={tmp_path / 'runs'}",
         f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", f"tracking.experiment={experiment}",
         *overrides])
 

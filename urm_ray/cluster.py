@@ -108,7 +108,7 @@ def check_reachable(places: dict[str, tuple[str, str]], shared_fs: bool, grows: 
     another node cannot read this node's disk, and what it writes there is lost with its node.
 
     ``places``: config key -> (its value, what lives there); ``shared_fs``: the user declared
-    that every node mounts this machine's folders at the same paths (``train.shared_fs``)."""
+    that every node mounts this machine's folders at the same paths (``resources.shared_fs``)."""
     if shared_fs:
         return
     nodes = node_count()
@@ -120,7 +120,7 @@ def check_reachable(places: dict[str, tuple[str, str]], shared_fs: bool, grows: 
             raise ConfigError(
                 f"{key}={value}: {what} would be on this node's disk, which the other nodes cannot "
                 f"reach ({cluster}); expected an s3://bucket/prefix URL (a custom endpoint from "
-                f"$AWS_ENDPOINT_URL), or train.shared_fs=true if every node mounts {value} at that "
+                f"$AWS_ENDPOINT_URL), or resources.shared_fs=true if every node mounts {value} at that "
                 "path (NFS, EFS)")
 
 

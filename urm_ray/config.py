@@ -1,4 +1,5 @@
-"""The run config: model / data / optim / train / tracking, loaded from YAML with dotted overrides.
+"""The run config: model / data / optim / train / resources / checkpoint / tracking / eval, loaded
+from YAML with dotted overrides.
 
     cfg = load_config("sudoku4-urm", ["model.loops=8", "train.steps=500"])
 
@@ -28,7 +29,7 @@ from urm_ray.typed import convert, did_you_mean, excerpt, from_dict, to_dict
 
 @dataclass
 class TrainConfig:
-    """How long and where to train; per-worker settings are derived, never configured."""
+    """The schedule and the numerics of training; per-worker settings are derived, never configured."""
 
     steps: int = 2000  # optimizer steps (one ACT segment each)
     global_batch_size: int = 256  # rows per step summed over all workers
@@ -39,13 +40,6 @@ class TrainConfig:
     # checkpoint the looped transformer blocks: each keeps its input only and is recomputed in the
     # backward (train/activations.py): about a third more compute, far less activation memory
     activation_checkpointing: bool = False
-    num_workers: int = 1  # Ray Train workers (DDP ranks)
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto = GPU when the cluster has one
-    cpus_per_worker: float = 1.0  # CPUs each worker reserves from Ray (fractions allowed)
-    # intra-op threads per worker; 0 = the CPUs it is given: this machine's for a run in the
-    # command's own process, else train.cpus_per_worker rounded down (min 1)
-    torch_threads: int = 0
-    gpus_per_worker: float = 1.0  # used only when training on GPU
     # the answer loss's cross-entropy: stablemax or softmax
     loss: Literal["stablemax", "softmax"] = "stablemax"
     # the answer loss's targets: label = the dataset's label; nearest = the valid answer nearest to
@@ -56,98 +50,86 @@ class TrainConfig:
     # data order and augmentations follow data.shuffle_seed
     seed: int = 0
     log_every: int = 20  # steps between metric reports
-    eval_every: int = 500  # steps between evaluations on the held-out split (0 = end only)
-    eval_batch_size: int = 512  # rows per evaluation batch; each worker scores a share of the batches
-    eval_max_rows: int = 0  # 0 = the whole held-out split
-    # K sampled trajectories per held-out row, majority-voted, with coverage (distinct valid
-    # answers) by the task's verifier: for stochastic models (GRAM). 0 = off
-    eval_samples: int = 0
-    # at each evaluation, also the test-time one under the eval section (width, noise, depth):
-    # held-out exact accuracy against depth (segments 1..K) and width (1, 2, 4, ... eval.width),
-    # logged as eval/curves/*, with a plot against block-stack passes per puzzle (artifact curves/)
-    eval_curves: bool = False
-    checkpoint_every: int = 500  # steps between checkpoints (0 = end only)
-    keep_checkpoints: int = 2  # newest checkpoints kept; older ones are deleted
-    max_failures: int = 0  # worker-group restarts from the latest checkpoint after a crash
-    # where a run's one worker trains: true = in the command's own process; false = in a Ray Train
-    # worker actor; auto = in the process when nothing else changes (one worker, no restarts, no
-    # custom worker resources, local storage, a private local Ray instance). A sweep's one-worker
-    # trial trains in its Tune trial actor either way
-    in_process: bool | Literal["auto"] = "auto"
     # bf16 autocast: auto = on GPU only; true = on GPU and on CPU (worth it where the CPU has
     # native bf16, AVX512-BF16 or AMX: bench/throughput.py --precisions fp32 bf16); false = off
     bf16: bool | Literal["auto"] = "auto"
     # torch.compile the segment core and the loss (urm_ray.train.compiled): true, false, or
     # auto = on CUDA only (on CPU, compiling costs more than a short run saves)
     compile: bool | Literal["auto"] = "auto"
-    # Ray Train storage: a local folder, or s3://bucket/prefix (multi-node clusters need one that
-    # every node reaches; a custom S3 endpoint such as MinIO comes from $AWS_ENDPOINT_URL)
-    storage_path: str = "runs"
-    # whether every node of the cluster mounts this machine's folders at the same paths (NFS, EFS):
-    # on a cluster of several nodes a local data.path, train.storage_path or sweep folder is
-    # refused unless this is true; false expects s3:// URLs there
-    shared_fs: bool = False
-    # custom Ray resources each worker asks for on top of CPU/GPU, e.g. {"ondemand_gpu": 1} to
-    # keep a run on the node type that offers it (cluster/gpu.yaml)
-    worker_resources: dict = field(default_factory=dict)
     run_name: str = ""  # stable name; reusing it resumes. "" = derived from model and time
 
     def __post_init__(self) -> None:
-        for key in ("steps", "global_batch_size", "num_workers", "log_every", "eval_batch_size"):
+        for key in ("steps", "global_batch_size", "log_every"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must be >= 1")
-        for key in ("eval_every", "eval_max_rows", "eval_samples", "checkpoint_every"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"train.{key}={getattr(self, key)} must be >= 0")
-        if self.global_batch_size % self.num_workers:
-            raise ConfigError(
-                f"train.global_batch_size={self.global_batch_size} is not divisible by "
-                f"train.num_workers={self.num_workers}"
-            )
-        local = self.global_batch_size // self.num_workers
-        if self.micro_batch_size < 0 or (self.micro_batch_size and local % self.micro_batch_size):
-            raise ConfigError(
-                f"train.micro_batch_size={self.micro_batch_size} must be 0 (no accumulation) or "
-                f"divide the rows per worker, train.global_batch_size / train.num_workers = {local}"
-            )
+        if self.micro_batch_size < 0:
+            raise ConfigError(f"train.micro_batch_size={self.micro_batch_size} must be >= 0 (0 = no accumulation)")
+        if self.run_name:  # a folder under checkpoint.storage_path and an MLflow name
+            check_name("train.run_name", self.run_name)
+
+
+@dataclass
+class ResourcesConfig:
+    """Where and on what a run trains: its workers, what each reserves, and restarts after a crash."""
+
+    num_workers: int = 1  # Ray Train workers (DDP ranks)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto = GPU when the cluster has one
+    cpus_per_worker: float = 1.0  # CPUs each worker reserves from Ray (fractions allowed)
+    gpus_per_worker: float = 1.0  # used only when training on GPU
+    # custom Ray resources each worker asks for on top of CPU/GPU, e.g. {"ondemand_gpu": 1} to
+    # keep a run on the node type that offers it (cluster/gpu.yaml)
+    worker_resources: dict = field(default_factory=dict)
+    # intra-op threads per worker; 0 = the CPUs it is given: this machine's for a run in the
+    # command's own process, else resources.cpus_per_worker rounded down (min 1)
+    torch_threads: int = 0
+    # where a run's one worker trains: true = in the command's own process; false = in a Ray Train
+    # worker actor; auto = in the process when nothing else changes (one worker, no restarts, no
+    # custom worker resources, local storage, a private local Ray instance). A sweep's one-worker
+    # trial trains in its Tune trial actor either way
+    in_process: bool | Literal["auto"] = "auto"
+    max_failures: int = 0  # worker-group restarts from the latest checkpoint after a crash
+    # whether every node of the cluster mounts this machine's folders at the same paths (NFS, EFS):
+    # on a cluster of several nodes a local data.path, checkpoint.storage_path or sweep folder is
+    # refused unless this is true; false expects s3:// URLs there
+    shared_fs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ConfigError(f"resources.num_workers={self.num_workers} must be >= 1")
         if self.cpus_per_worker <= 0:
-            raise ConfigError(f"train.cpus_per_worker={self.cpus_per_worker} must be > 0")
+            raise ConfigError(f"resources.cpus_per_worker={self.cpus_per_worker} must be > 0")
         if self.num_workers > 1 and self.device != "cpu" and self.gpus_per_worker != int(self.gpus_per_worker):
             raise ConfigError(
-                f"train.gpus_per_worker={self.gpus_per_worker} with train.num_workers={self.num_workers}: "
+                f"resources.gpus_per_worker={self.gpus_per_worker} with resources.num_workers={self.num_workers}: "
                 "DDP's NCCL needs a whole GPU per worker (two ranks on one GPU fail); expected 1, 2, ... "
                 "(a fraction suits one-worker runs sharing a GPU)")
         if self.torch_threads < 0:
-            raise ConfigError(f"train.torch_threads={self.torch_threads} must be >= 0")
-        if self.in_process is True and (self.num_workers != 1 or self.max_failures or self.worker_resources
-                                        or "://" in self.storage_path):
-            raise ConfigError(
-                "train.in_process=true runs one worker in the command's process: it needs "
-                f"train.num_workers=1 (got {self.num_workers}), train.max_failures=0 (got {self.max_failures}), no "
-                f"train.worker_resources (got {self.worker_resources}) and a local train.storage_path "
-                f"(got {self.storage_path!r})")
-        if self.keep_checkpoints < 1:
-            raise ConfigError(f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")
-        if self.run_name:  # a folder under storage_path and an MLflow name
-            check_name("train.run_name", self.run_name)
+            raise ConfigError(f"resources.torch_threads={self.torch_threads} must be >= 0")
+        if self.max_failures < 0:
+            raise ConfigError(f"resources.max_failures={self.max_failures} must be >= 0")
         for name, amount in self.worker_resources.items():
             if name in ("CPU", "GPU", "cpu", "gpu") or not isinstance(amount, (int, float)) or amount <= 0:
                 raise ConfigError(
-                    f"train.worker_resources.{name}={amount!r}: expected a custom resource name "
-                    "(CPU and GPU come from train.cpus_per_worker / gpus_per_worker) and an amount > 0"
+                    f"resources.worker_resources.{name}={amount!r}: expected a custom resource name "
+                    "(CPU and GPU come from resources.cpus_per_worker / gpus_per_worker) and an amount > 0"
                 )
 
-    def warn_unused_on_cpu(self, native_bf16: bool) -> None:
-        """The GPU-only keys a run on CPU was given, and bf16 asked of a CPU without native bf16
-        (``native_bf16``: this machine's); the driver calls it once it knows the run trains on CPU
-        (train.device=cpu, or auto on a cluster without GPUs)."""
-        default_gpus = TrainConfig.__dataclass_fields__["gpus_per_worker"].default
-        if self.gpus_per_worker != default_gpus:
-            warnings.warn(f"train.gpus_per_worker={self.gpus_per_worker} has no effect: the run "
-                          "trains on CPU", stacklevel=2)
-        if self.bf16 is True and not native_bf16:
-            warnings.warn("train.bf16=true on a CPU without native bf16 (AVX512-BF16 or AMX): "
-                          "expect it to be slower than fp32", stacklevel=2)
+
+@dataclass
+class CheckpointConfig:
+    """Where a run's checkpoints go, how often, and how many are kept."""
+
+    # Ray Train storage: a local folder, or s3://bucket/prefix (multi-node clusters need one that
+    # every node reaches; a custom S3 endpoint such as MinIO comes from $AWS_ENDPOINT_URL)
+    storage_path: str = "runs"
+    every: int = 500  # steps between checkpoints (0 = end only)
+    keep: int = 2  # newest checkpoints kept; older ones are deleted
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise ConfigError(f"checkpoint.every={self.every} must be >= 0 (0 = end only)")
+        if self.keep < 1:
+            raise ConfigError(f"checkpoint.keep={self.keep} must be >= 1")
 
 
 @dataclass
@@ -172,11 +154,14 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         self.eval.check_model(self.model)
+        self._check_placement()
         # keys of one section that another section makes useless (each section warns about its own)
         if self.model.puzzle_emb_dim == 0:
             for key in ("puzzle_emb_lr", "puzzle_emb_weight_decay"):
@@ -185,9 +170,61 @@ class RunConfig:
                     warnings.warn(f"optim.{key}={value} has no effect with model.puzzle_emb_dim=0 "
                                   "(no puzzle embedding to train)", stacklevel=3)
 
+    def _check_placement(self) -> None:
+        """ConfigError where the batch does not split over the workers, or an in-process run was
+        asked of a placement that needs Ray Train."""
+        train, res = self.train, self.resources
+        if train.global_batch_size % res.num_workers:
+            raise ConfigError(
+                f"train.global_batch_size={train.global_batch_size} is not divisible by "
+                f"resources.num_workers={res.num_workers}"
+            )
+        local = train.global_batch_size // res.num_workers
+        if train.micro_batch_size and local % train.micro_batch_size:
+            raise ConfigError(
+                f"train.micro_batch_size={train.micro_batch_size} must be 0 (no accumulation) or divide the "
+                f"rows per worker, train.global_batch_size / resources.num_workers = {local}"
+            )
+        storage = self.checkpoint.storage_path
+        if res.in_process is True and (res.num_workers != 1 or res.max_failures or res.worker_resources
+                                       or "://" in storage):
+            raise ConfigError(
+                "resources.in_process=true runs one worker in the command's process: it needs "
+                f"resources.num_workers=1 (got {res.num_workers}), resources.max_failures=0 (got "
+                f"{res.max_failures}), no resources.worker_resources (got {res.worker_resources}) and a "
+                f"local checkpoint.storage_path (got {storage!r})")
 
-SECTIONS = {"data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "tracking": TrackingConfig,
-            "eval": EvalConfig}
+    def warn_unused_on_cpu(self, native_bf16: bool) -> None:
+        """The GPU-only keys a run on CPU was given, and bf16 asked of a CPU without native bf16
+        (``native_bf16``: this machine's); the driver calls it once it knows the run trains on CPU
+        (resources.device=cpu, or auto on a cluster without GPUs)."""
+        default_gpus = ResourcesConfig.__dataclass_fields__["gpus_per_worker"].default
+        if self.resources.gpus_per_worker != default_gpus:
+            warnings.warn(f"resources.gpus_per_worker={self.resources.gpus_per_worker} has no effect: the run "
+                          "trains on CPU", stacklevel=2)
+        if self.train.bf16 is True and not native_bf16:
+            warnings.warn("train.bf16=true on a CPU without native bf16 (AVX512-BF16 or AMX): "
+                          "expect it to be slower than fp32", stacklevel=2)
+
+
+SECTIONS = {"data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "resources": ResourcesConfig,
+            "checkpoint": CheckpointConfig, "tracking": TrackingConfig, "eval": EvalConfig}
+# keys that were renamed: old dotted key -> new one. A config a user writes (YAML, overrides, a
+# search space, a sweep's saved base) with an old key is refused with the new name; a checkpoint's
+# own saved config.yaml is read with its old keys mapped (``renamed``)
+RENAMED = {
+    **{f"train.{key}": f"resources.{key}" for key in (
+        "num_workers", "device", "cpus_per_worker", "gpus_per_worker", "worker_resources", "torch_threads",
+        "in_process", "max_failures", "shared_fs")},
+    "train.storage_path": "checkpoint.storage_path",
+    "train.checkpoint_every": "checkpoint.every",
+    "train.keep_checkpoints": "checkpoint.keep",
+    "train.eval_every": "eval.every",
+    "train.eval_batch_size": "eval.batch_size",
+    "train.eval_max_rows": "eval.max_rows",
+    "train.eval_samples": "eval.samples",
+    "train.eval_curves": "eval.curves",
+}
 # keys that moved: (section, key) -> (the value that meant "off", what to write instead). A saved
 # config (a checkpoint's) holding the key at that value loads; any other value is refused
 MOVED = {
@@ -207,6 +244,27 @@ def _without_moved(data: dict[str, Any]) -> dict[str, Any]:
         if values[key] != off:
             raise ConfigError(f"{section}.{key}={values[key]!r} has moved: write {instead}")
         out[section] = {k: v for k, v in values.items() if k != key}
+    return out
+
+
+def refuse_renamed(data: dict[str, Any]) -> None:
+    """ConfigError naming the new key for the first renamed key that nested ``data`` holds."""
+    for old, new in RENAMED.items():
+        section, key = old.split(".")
+        values = data.get(section)
+        if isinstance(values, dict) and key in values:
+            raise ConfigError(f"{old} was renamed {new}: write {new}={excerpt(values[key])}")
+
+
+def renamed(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a checkpoint's saved config with its renamed keys under their new names."""
+    out = copy.deepcopy(data)
+    for old, new in RENAMED.items():
+        section, key = old.split(".")
+        values = out.get(section)
+        if isinstance(values, dict) and key in values:
+            new_section, new_key = new.split(".")
+            out.setdefault(new_section, {})[new_key] = values.pop(key)
     return out
 
 
@@ -278,6 +336,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def build_config(data: dict[str, Any]) -> RunConfig:
     """Typed, validated RunConfig from a nested dict."""
     data = _without_moved(data)
+    refuse_renamed(data)
     unknown = sorted(set(data) - {"model", *SECTIONS})
     if unknown:
         hint = did_you_mean(str(unknown[0]), ["model", *SECTIONS])

@@ -24,7 +24,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from urm_ray.config import SECTIONS, RunConfig
+from urm_ray.config import RENAMED, SECTIONS, RunConfig
 from urm_ray.models.registry import MODELS
 from urm_ray.tune.params import ParamSpec
 from urm_ray.tune.space import SpaceSpec
@@ -241,7 +241,7 @@ def model_sections() -> list[Section]:
 
 
 def run_sections() -> list[Section]:
-    """The run config's other sections: data, optim, train, tracking."""
+    """The run config's other sections: data, optim, train, resources, checkpoint, tracking, eval."""
     out = []
     for key, cls in SECTIONS.items():
         intro = _sentence(field_meaning(RunConfig, key)) or class_intro(cls)
@@ -274,8 +274,20 @@ RUN_INTRO = """## Run config
 
 A run config is a YAML file or the name of a preset in `urm_ray/presets` (`urm-ray presets` lists
 them): `urm-ray train CONFIG [KEY=VALUE ...]`, where each override is a dotted key below, e.g.
-`model.loops=8 train.steps=500`. It has six sections: `model`, `data`, `optim`, `train`,
-`tracking`, `eval`; only `model.name` and `data.path` have no usable default.
+`model.loops=8 train.steps=500`. It has eight sections: `model`, `data`, `optim`, `train` (the
+schedule and the numerics), `resources` (where and on what it trains), `checkpoint` (where, how
+often, how many), `tracking` and `eval` (the held-out evaluation during training, and test-time
+compute); only `model.name` and `data.path` have no usable default.
+
+Where two keys seem to name one idea, they name two. Noise: `model.state_noise` is the Gaussian
+on a recurrent state during training and `eval.noise` its value at test time (as `eval.segments`
+and `eval.loops` stand for `model.max_segments` and `model.loops` there); GRAM's
+`model.noise_scale` scales its learned guidance and `model.sample_temperature` the prior it
+samples from. Views: `data.num_augmentations` is how many augmented copies of each puzzle the
+training data holds; `eval.views` makes the test-time trajectories such copies, `eval.width` of
+them. Samples: `eval.samples` draws GRAM's prior at each evaluation during training; `eval.width`
+spreads the test-time evaluation. Steps are optimizer steps (`train.steps`); ACT segments are
+segments (`model.max_segments`, `eval.segments`).
 
 ### `model`
 
@@ -285,9 +297,10 @@ The model section's keys depend on `model.name`: one table per family (`urm_ray/
 SPACE_INTRO = """## Search-space file
 
 A search space is a YAML file, a name in `./search_spaces` or one shipped in
-`urm_ray/search_spaces`: `urm-ray sweep SPACE [KEY=VALUE ...]`. Overrides whose first part is a
-run-config section (`model`, `data`, `optim`, `train`, `tracking`) change the base config; the
-others change the space (`trials=8`, `scheduler.grace_steps=50`). `<key>` stands for a dotted
+`urm_ray/search_spaces`: `urm-ray sweep SPACE [KEY=VALUE ...]`. Overrides that name a run-config
+key (`model.loops=4`, `checkpoint.every=0`, `resources.num_workers=2`) change the base config; the
+others change the space (`trials=8`, `scheduler.grace_steps=50`, `resources.workers=2`,
+`checkpoint=runs/x/checkpoint_...`). `<key>` stands for a dotted
 run-config key (e.g. `params.model.loops.type`); `[]` for each item of a list.
 """
 
@@ -309,11 +322,22 @@ def render_section(section: Section, level: str) -> str:
     return "\n".join(lines)
 
 
+def renamed_section() -> str:
+    """The keys that were renamed, each with its new name: a config holding one is refused."""
+    lines = ["### Renamed keys", "",
+             "A config, override or search space that gives an old key is refused with its new name; "
+             "a checkpoint's own saved `config.yaml` is read with its old keys under the new names.", "",
+             "| old key | new key |", "|---|---|"]
+    lines += [f"| `{old}` | `{new}` |" for old, new in RENAMED.items()]
+    return "\n".join(lines) + "\n"
+
+
 def render() -> str:
     """The whole page."""
     parts = [HEADER, RUN_INTRO]
     parts += [render_section(s, "####") for s in model_sections()]  # under the `model` heading
     parts += [render_section(s, "###") for s in run_sections()]
+    parts.append(renamed_section())
     parts.append(SPACE_INTRO)
     parts += [render_section(s, "###") for s in space_sections()]
     return "\n".join(parts).rstrip() + "\n"

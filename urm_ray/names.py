@@ -3,7 +3,7 @@
     check_name("train.run_name", "loops8")        -> "loops8"
     check_name("--name", "../x")                  -> ConfigError naming --name, the value and the rule
 
-A name becomes a folder (``<train.storage_path>/<run_name>``, ``sweeps/<name>``), an Optuna study
+A name becomes a folder (``<checkpoint.storage_path>/<run_name>``, ``sweeps/<name>``), an Optuna study
 name, an MLflow experiment name and a value inside MLflow's search filter (``tags.`...` = '<name>'``).
 So it is one path component of letters, digits, ``.``, ``_`` and ``-`` only: no ``/`` (no folder
 outside the intended one), no quote (no broken filter), no leading dot (no ``..``, no hidden

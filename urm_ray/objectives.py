@@ -54,7 +54,7 @@ class Objective:
 
     def __call__(self, outputs: dict[str, Tensor], carry: Any) -> tuple[Tensor, dict[str, Tensor]]:
         """Loss and metric sums of one ACT segment of ``carry``'s rows."""
-        return self.loss(outputs, self.answer_targets(outputs, carry.current_data), carry.halted, carry.steps,
+        return self.loss(outputs, self.answer_targets(outputs, carry.current_data), carry.halted, carry.segments,
                          self.loss_type)
 
     def answer_targets(self, outputs: dict[str, Tensor], data: dict[str, Tensor]) -> Tensor:
@@ -90,7 +90,7 @@ class GuidedObjective(Objective):
             answers = outputs["prior_logits"].detach().argmax(-1)
             prior_targets = (self.prior(answers, data["inputs"], data["labels"]) if self.prior is not None
                              else matched_answers(answers, data["inputs"], labels)[0])
-        return self.loss(outputs, labels, carry.halted, carry.steps, self.loss_type, halt_target=halt_target,
+        return self.loss(outputs, labels, carry.halted, carry.segments, self.loss_type, halt_target=halt_target,
                          prior_targets=prior_targets)
 
 

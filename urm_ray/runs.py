@@ -52,7 +52,7 @@ def checkpoint(run: RunSummary) -> str:
     """The run's final checkpoint, else its latest local one; an evaluation: the one it scored."""
     if CHECKPOINT_TAG in run.tags or "checkpoint" in run.params:
         return run.tags.get(CHECKPOINT_TAG) or run.params["checkpoint"]
-    storage, name = config_value(run, "train.storage_path", ""), run.params.get("train.run_name", "")
+    storage, name = config_value(run, "checkpoint.storage_path", ""), run.params.get("train.run_name", "")
     if not storage or not name or "://" in storage:
         return ""
     # imported here: it imports torch, which `urm-ray runs` otherwise never needs

@@ -1,7 +1,8 @@
-"""The ``eval`` section of a run config: what a trained model spends at test time.
+"""The ``eval`` section of a run config: when a run evaluates on its held-out split, and what a
+trained model spends at test time.
 
-`urm-ray eval` takes it as flags (``--width`` is ``eval.width``), an evaluation sweep searches it,
-and ``train.eval_curves`` evaluates under it at each evaluation (``eval.testtime``). On a task that
+`urm-ray eval` takes the test-time keys as flags (``--width`` is ``eval.width``), an evaluation
+sweep searches them, and ``eval.curves`` evaluates under them at each evaluation (``eval.testtime``). On a task that
 scores itself by voting over views (ARC's pass@k), ``eval.views`` adds that score at each
 evaluation, over ``eval.width`` views.
 """
@@ -21,8 +22,20 @@ SELECTIONS: tuple[Select, ...] = ("vote", "q", "confidence", "verifier")
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Test-time compute: width, depth and noise, and how a puzzle's answer is chosen."""
+    """The held-out evaluation during training (cadence, batch, rows, samples), and test-time
+    compute: width, depth and noise, and how a puzzle's answer is chosen."""
 
+    every: int = 500  # training steps between evaluations on the held-out split (0 = end only)
+    batch_size: int = 512  # rows per evaluation batch; each worker scores a share of the batches
+    max_rows: int = 0  # held-out rows scored at each evaluation; 0 = the whole held-out split
+    # K sampled trajectories per held-out row, majority-voted, with coverage (distinct valid
+    # answers) by the task's verifier: for stochastic models (GRAM), at each evaluation during
+    # training. 0 = off. Not eval.width: that one spreads the test-time evaluation below
+    samples: int = 0
+    # at each evaluation, also the test-time one under this section (width, noise, depth):
+    # held-out exact accuracy against depth (segments 1..K) and width (1, 2, 4, ... eval.width),
+    # logged as eval/curves/*, with a plot against block-stack passes per puzzle (artifact curves/)
+    curves: bool = False
     width: int = 1  # trajectories per puzzle, run as one batch
     # std of the Gaussian noise on the recurrent state after each loop or cycle (model.state_noise)
     # that makes the trajectories differ; GRAM's differ through its prior and take none
@@ -42,6 +55,11 @@ class EvalConfig:
     seed: int = 0  # seeds the noise: the same seed gives the same answers
 
     def __post_init__(self) -> None:
+        for key in ("every", "max_rows", "samples"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"eval.{key}={getattr(self, key)} must be >= 0")
+        if self.batch_size < 1:
+            raise ConfigError(f"eval.batch_size={self.batch_size} must be >= 1")
         if self.width < 1:
             raise ConfigError(f"eval.width={self.width} must be >= 1")
         if self.noise < 0:
@@ -57,7 +75,7 @@ class EvalConfig:
         views of a task with no augmentation, or of one that votes over its views in its own score."""
         if self.views and task.scoring is not None:
             raise ConfigError(f"eval.views=true: the {task.name} task votes over its views in its own score "
-                              f"({task.scoring.prefix}*), not in the test-time evaluation (train.eval_curves, "
+                              f"({task.scoring.prefix}*), not in the test-time evaluation (eval.curves, "
                               "test-time settings); set eval.views=false there")
         if self.views and task.augment is None:
             raise ConfigError(f"eval.views=true: the {task.name} task has no augmentation to draw views from "

@@ -32,7 +32,7 @@ class ACTCarry:
     """
 
     state: State
-    steps: Tensor  # int32 [B]: segments run since the row's last reset
+    segments: Tensor  # int32 [B]: segments run since the row's last reset
     halted: Tensor  # bool [B]: the row finished; the next call restarts it
     current_data: Batch  # the rows each sequence is working on
 
@@ -89,7 +89,7 @@ class ACTModel(nn.Module):
         size = inputs.shape[0]
         return ACTCarry(
             state=self.empty_state(size, inputs.device),
-            steps=torch.zeros(size, dtype=torch.int32, device=inputs.device),
+            segments=torch.zeros(size, dtype=torch.int32, device=inputs.device),
             halted=torch.ones(size, dtype=torch.bool, device=inputs.device),
             current_data={k: torch.zeros_like(v) for k, v in batch.items()},
         )
@@ -100,28 +100,28 @@ class ACTModel(nn.Module):
         data = {k: _where_rows(restart, v, carry.current_data[k]) for k, v in batch.items()}
         state, outputs = self.segment(state, data)
         with torch.no_grad():
-            steps = torch.where(restart, 0, carry.steps) + 1
-            halted = self._halt(steps, outputs)
+            segments = torch.where(restart, 0, carry.segments) + 1
+            halted = self._halt(segments, outputs)
             if self.training and self.q_continue_target and self.max_segments > 1:
-                outputs["target_q_continue"] = self._q_continue_target(state, data, steps)
+                outputs["target_q_continue"] = self._q_continue_target(state, data, segments)
         state = {k: v.detach() for k, v in state.items()}
-        return ACTCarry(state, steps, halted, data), outputs
+        return ACTCarry(state, segments, halted, data), outputs
 
-    def _halt(self, steps: Tensor, outputs: dict[str, Tensor]) -> Tensor:
+    def _halt(self, segments: Tensor, outputs: dict[str, Tensor]) -> Tensor:
         """Eval: halt at the segment limit. Train: also when Q says so, unless exploring."""
-        halted = steps >= self.max_segments
+        halted = segments >= self.max_segments
         if not self.training or self.max_segments == 1:
             return halted
         q_halt = outputs["q_halt_logits"]
         threshold = outputs["q_continue_logits"] if self.q_continue_target else 0
         halted = halted | (q_halt > threshold)
         explore = torch.rand_like(q_halt) < self.halt_exploration_prob  # [B]
-        min_steps = explore * torch.randint_like(steps, low=2, high=self.max_segments + 1)
-        return halted & (steps >= min_steps)
+        min_segments = explore * torch.randint_like(segments, low=2, high=self.max_segments + 1)
+        return halted & (segments >= min_segments)
 
-    def _q_continue_target(self, state: State, data: Batch, steps: Tensor) -> Tensor:
+    def _q_continue_target(self, state: State, data: Batch, segments: Tensor) -> Tensor:
         """Bootstrapped target for Q-continue (HRM): sigmoid of the next segment's best Q value."""
         _, nxt = self.segment(state, data)
         best = torch.maximum(nxt["q_halt_logits"], nxt["q_continue_logits"])
-        last = steps >= self.max_segments
+        last = segments >= self.max_segments
         return torch.sigmoid(torch.where(last, nxt["q_halt_logits"], best))

@@ -121,7 +121,7 @@ class GuidanceConfig:
     # the prior match's targets: label = the batch's labels of the same input; nearest = the task's
     # valid answers from an exhaustive search (small colouring, N-Queens up to 10x10, 4x4 Sudoku)
     prior_match_targets: Literal["label", "nearest"] = "label"
-    # where a prior sample (train.eval_samples, `urm-ray sample`) stops: limit = at the ACT limit
+    # where a prior sample (eval.samples, `urm-ray sample`) stops: limit = at the ACT limit
     # (max_segments); q = at the first segment whose halt head says halt (the paper's inference)
     sample_halt: Literal["limit", "q"] = "limit"
     # multiplies the prior's standard deviation when sampling (eval only; training draws keep 1):

@@ -68,7 +68,7 @@ class Remote:
 
 
 class Direct:
-    """The inbox of a loop in the driver's own process (``train.in_process``): shows each event
+    """The inbox of a loop in the driver's own process (``resources.in_process``): shows each event
     as it is sent, with no actor between."""
 
     def __init__(self, progress: Progress) -> None:

@@ -78,7 +78,7 @@ def build_state(cfg: RunConfig, task: TaskSpec, device: torch.device, *, objecti
 
 
 def local_device(setting: str = "auto") -> torch.device:
-    """The device this process trains or evaluates on for ``train.device``: ``cuda`` its current
+    """The device this process trains or evaluates on for ``resources.device``: ``cuda`` its current
     GPU (the one Ray made visible to it), ``cpu`` the CPU, ``auto`` the GPU when it sees one."""
     if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")

@@ -118,7 +118,7 @@ def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
     seeds = seeds or space.spec.final.seeds
     if not ray.is_initialized():
         init_ray(verbose=verbose)
-    parent = tracking.open_run(
+    parent = tracking.Run.open(
         info.tracking_uri, info.experiment, f"{name}-final",
         {"top": len(candidates), "seeds": seeds, "overrides": " ".join(overrides or [])},
         {tracking.PARENT_TAG: info.parent_run_id, KIND_TAG: "final", SWEEP_TAG: name},
@@ -139,7 +139,7 @@ def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
                             model_name or f"urm-ray-{name}", scale_up_s, live)
     outcome.scores = scores
     _log_scores(info, space, parent, scores, winner.number)
-    tracking.close_run(info.tracking_uri, parent, "FINISHED")
+    parent.close("FINISHED")
     return outcome
 
 
@@ -168,7 +168,7 @@ def _seed_run(config: dict[str, Any], runs: dict[str, tuple[int, dict[str, Any]]
 
 
 def _reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTrial], seeds: int,
-                parent: str, live: bool = False) -> dict[int, list[float]]:
+                parent: tracking.Run, live: bool = False) -> dict[int, list[float]]:
     """Each candidate at the sweep's trial length with seeds base+1..base+K, run like trials."""
     from urm_ray.tune.resources import plan
 
@@ -183,7 +183,7 @@ def _reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTria
                 ", ".join(f"t{t.number:03d}" for t in candidates), seeds, len(runs),
                 space.base_config.train.steps, the_plan.concurrency)
     trainable = partial(_seed_run, runs={k: (t.number, to_dict(c)) for k, (t, c) in runs.items()},
-                        tags={tracking.PARENT_TAG: parent, KIND_TAG: "seed", SWEEP_TAG: info.name},
+                        tags={tracking.PARENT_TAG: parent.id, KIND_TAG: "seed", SWEEP_TAG: info.name},
                         metric=space.metric)
     grid = tune.Tuner(
         tune.with_resources(trainable, the_plan.trial_resources()),
@@ -194,7 +194,7 @@ def _reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTria
     ).fit()
     # Ctrl-C: Tune stops the grid and returns; a run it stopped (or never started) is not done
     if any(r.error is None and not (r.metrics or {}).get("done") for r in grid):
-        tracking.close_run(info.tracking_uri, parent, "KILLED")
+        parent.close("KILLED")
         logger.warning("final %s stopped during its re-check; `urm-ray final %s` starts it again",
                        info.name, info.name)
         raise Interrupted()
@@ -207,7 +207,7 @@ def _reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTria
 
 
 def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, overrides: list[str],
-                  parent: str, model_name: str, scale_up_s: float = 0.0,
+                  parent: tracking.Run, model_name: str, scale_up_s: float = 0.0,
                   live: bool = False) -> FinalOutcome:
     from urm_ray.train.driver import fit
     from urm_ray.evaluate import load_checkpoint
@@ -221,7 +221,7 @@ def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, over
                                   f"tracking.tracking_uri={info.tracking_uri}",
                                   f"tracking.experiment={info.experiment}"])
     cfg = build_config(data)
-    tags = {tracking.PARENT_TAG: parent, KIND_TAG: "final", SWEEP_TAG: info.name,
+    tags = {tracking.PARENT_TAG: parent.id, KIND_TAG: "final", SWEEP_TAG: info.name,
             TRIAL_TAG: str(winner.number)}
     params = {f"sampled.{k}": v for k, v in winner.params.items()}
     with Progress(f"final t{winner.number:03d}", cfg.train.steps, unit="steps", live=live) as progress:
@@ -243,17 +243,16 @@ def _register(info: SweepInfo, cfg: RunConfig, model: Any, run_id: str, metrics:
     with tempfile.TemporaryDirectory() as folder:
         config_file = Path(folder) / "config.yaml"
         config_file.write_text(dump_yaml(cfg))
-        return tracking.register_torch_model(info.tracking_uri, run_id, model, model_name,
-                                             [str(config_file)], tags)
+        return tracking.Run(info.tracking_uri, run_id).register_torch_model(model, model_name,
+                                                                           [str(config_file)], tags)
 
 
-def _log_scores(info: SweepInfo, space: SearchSpace, parent: str, scores: dict[int, list[float]],
+def _log_scores(info: SweepInfo, space: SearchSpace, parent: tracking.Run, scores: dict[int, list[float]],
                 winner: int) -> None:
     metrics = {}
     for number, values in scores.items():
         metrics[f"t{number:03d}/mean"] = statistics.fmean(values)
         metrics[f"t{number:03d}/std"] = statistics.pstdev(values)
-    tracking.log_metrics(info.tracking_uri, parent, metrics)
-    tracking.set_tags(info.tracking_uri, parent, {"urm_ray.winner": str(winner),
-                                                  "urm_ray.metric": space.metric})
+    parent.log_metrics(metrics)
+    parent.set_tags({"urm_ray.winner": str(winner), "urm_ray.metric": space.metric})
 

@@ -29,7 +29,7 @@ class SweepInfo:
     parent_run_id: str = ""
     # dotted keys every trial (and the best config) gets: planned resources, resolved data path
     trial_overrides: dict[str, Any] = field(default_factory=dict)
-    # Ray Train storage of the trials' and final runs: the base config's train.storage_path when
+    # Ray Train storage of the trials' and final runs: the base config's checkpoint.storage_path when
     # that is a URI (s3://..., which every node of a cluster reaches) plus /<name>; else the folder
     run_storage: str = ""
     # caps (0 = none; see tune/cost.py) and the wall time spent: seconds of the sweep's earlier

@@ -32,7 +32,7 @@ class Plan:
 
     @property
     def local_batch(self) -> int:
-        return self.cfg.train.global_batch_size // self.cfg.train.num_workers
+        return self.cfg.train.global_batch_size // self.cfg.resources.num_workers
 
     @property
     def rows(self) -> int:

@@ -28,8 +28,8 @@ from urm_ray.tune.space import Resources
 TRIAL_CPUS = 0.1  # the Tune trial actor: builds the trainer, then waits on it
 DATA_CPUS = 1.0  # one Ray Data map task (num_cpus=1 by default), shared by all trials
 _EPS = 1e-9  # float slack: 2 * 0.45 + 0.1 must count as <= 1.0
-RESOURCE_KEYS = ("train.num_workers", "train.cpus_per_worker", "train.gpus_per_worker",
-                 "train.device", "train.torch_threads")  # and train.worker_resources.*
+RESOURCE_KEYS = ("resources.num_workers", "resources.cpus_per_worker", "resources.gpus_per_worker",
+                 "resources.device", "resources.torch_threads")  # and resources.worker_resources.*
 
 
 @dataclass(frozen=True)
@@ -59,12 +59,12 @@ class Plan:
     def train_overrides(self) -> dict[str, object]:
         """Dotted config keys every trial gets from the plan (each one ``is_resource_key``)."""
         return {
-            "train.num_workers": self.workers,
-            "train.cpus_per_worker": self.cpus_per_worker,
-            "train.gpus_per_worker": self.gpus_per_worker or 1.0,
-            "train.device": "cuda" if self.gpus_per_worker else "cpu",
-            "train.torch_threads": self.torch_threads,
-            **{f"train.worker_resources.{name}": amount for name, amount in self.custom},
+            "resources.num_workers": self.workers,
+            "resources.cpus_per_worker": self.cpus_per_worker,
+            "resources.gpus_per_worker": self.gpus_per_worker or 1.0,
+            "resources.device": "cuda" if self.gpus_per_worker else "cpu",
+            "resources.torch_threads": self.torch_threads,
+            **{f"resources.worker_resources.{name}": amount for name, amount in self.custom},
         }
 
     def describe(self, cluster: dict[str, float]) -> str:
@@ -111,7 +111,7 @@ def trial_cpus(workers: int, cpus_per_worker: float) -> float:
 def is_resource_key(key: str) -> bool:
     """Whether a dotted key is one the plan sets: where a trial runs on the sweep's cluster, not
     part of the config that won, so the best config and final training leave it out."""
-    return key in RESOURCE_KEYS or key.startswith("train.worker_resources.")
+    return key in RESOURCE_KEYS or key.startswith("resources.worker_resources.")
 
 
 def without_resources(overrides: dict[str, object]) -> dict[str, object]:

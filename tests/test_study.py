@@ -99,12 +99,14 @@ def _final_runs(uri: str, row: str):
     return runs.sort_values("tags.urm_ray.seed")
 
 
+@pytest.mark.slow
 def test_the_study_was_killed_after_its_first_sweep_and_finished_on_resume(study):
     assert study["killed_rc"] == -signal.SIGKILL
     assert (study["root"] / "studies" / "tiny" / "table.md").is_file()
     assert "| one | sudoku4 | urm |" in study["output"] and "| two | sudoku4 | urm |" in study["output"]
 
 
+@pytest.mark.slow
 def test_the_resume_ran_nothing_twice(study):
     client = MlflowClient(study["uri"])
     for row in ("one", "two"):
@@ -120,6 +122,7 @@ def test_the_resume_ran_nothing_twice(study):
     assert len(trials) == 2 and all(r.info.start_time / 1000 < study["killed_at"] for r in trials)
 
 
+@pytest.mark.slow
 def test_the_table_is_what_mlflow_holds(study):
     with open(study["root"] / "studies" / "tiny" / "table.csv") as f:
         written = {(r["row"], r["metric"]): r for r in csv.DictReader(f)}
@@ -139,6 +142,7 @@ def test_the_table_is_what_mlflow_holds(study):
         assert float(written[(row, METRICS[0])]["device_hours"]) > 0
 
 
+@pytest.mark.slow
 def test_the_table_is_logged_to_a_study_run_with_a_child_per_row(study):
     client = MlflowClient(study["uri"])
     experiment = client.get_experiment_by_name("study-tiny")
@@ -203,3 +207,13 @@ def test_every_published_figure_has_a_source_and_a_known_cell():
     assert {(b.family, b.benchmark, b.value) for b in BASELINES} >= {
         ("urm", "arc-agi-1", 0.538), ("urm", "arc-agi-2", 0.160), ("urm", "sudoku-extreme", 0.776),
         ("trm", "arc-agi-1", 0.400), ("hrm", "arc-agi-1", 0.344)}
+
+
+def test_rows_run_side_by_side_only_when_the_cluster_has_room_for_every_sweep(tmp_path: Path):
+    from urm_ray.study.run import rows_at_once
+
+    rows = load_study(str(_write_study(tmp_path, STUDY))).rows
+    # each tiny sweep: 2 trials x 0.4 CPU, and 1 CPU its data loading keeps free
+    assert rows_at_once(rows, {"CPU": 2.0}) == 1
+    assert rows_at_once(rows, {"CPU": 3.6}) == 2
+    assert rows_at_once(rows, {"CPU": 3.5, "GPU": 8.0}) == 1

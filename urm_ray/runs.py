@@ -68,9 +68,10 @@ def config_value(run: RunSummary, key: str, default: str) -> str:
 
 
 def train_row(uri: str, run: RunSummary, now: float | None = None) -> list[str]:
-    steps = [step for step, _ in tracking.metric_history(uri, run.run_id, STEP_KEY)]
+    handle = tracking.Run(uri, run.run_id)
+    steps = [step for step, _ in handle.metric_history(STEP_KEY)]
     total = config_value(run, "train.steps", "?")
-    values = [value for _, value in tracking.metric_history(uri, run.run_id, METRIC)]
+    values = [value for _, value in handle.metric_history(METRIC)]
     return [run.experiment, run.run_name, kind(run), state(run, now),
             f"{max(steps)}/{total}" if steps else "-", _value(max(values)) if values else "-",
             checkpoint(run)]

@@ -487,7 +487,7 @@ class Run:
 
     def metric_history(self, key: str) -> list[tuple[int, float]]:
         """(step, value) of every logged value of ``key``, in logging order."""
-        return metric_history(self.tracking_uri, self.id, key)
+        return [(m.step, m.value) for m in _client(self.tracking_uri).get_metric_history(self.id, key)]
 
     def close(self, status: str = "FINISHED") -> None:
         _client(self.tracking_uri).set_terminated(self.id, status=status)
@@ -656,11 +656,6 @@ def run_ui_url(tracking_uri: str, run_id: str, experiment: bool = False) -> str:
     """``ui_url`` of one run (``experiment``: of the runs of its experiment, e.g. a sweep's trials)."""
     run = _client(tracking_uri).get_run(run_id)
     return ui_url(tracking_uri, run.info.experiment_id, "" if experiment else run_id)
-
-
-def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
-    """(step, value) of every logged value of ``key``, in logging order."""
-    return [(m.step, m.value) for m in _client(tracking_uri).get_metric_history(run_id, key)]
 
 
 # The writes below are ``Run``'s, for callers that hold a run id rather than its handle.

@@ -129,4 +129,4 @@ def seed_curves(tracking_uri: str, run_ids: list[str], metric: str) -> list[list
     """One curve of ``metric`` per run (a study row's final runs, one per seed), from MLflow."""
     from urm_ray import tracking
 
-    return [tracking.metric_history(tracking_uri, run_id, metric) for run_id in run_ids]
+    return [tracking.Run(tracking_uri, run_id).metric_history(metric) for run_id in run_ids]

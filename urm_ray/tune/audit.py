@@ -198,8 +198,9 @@ def duplicates_by_client(tracking_uri: str, experiment: str) -> list[DuplicateSt
     found = []
     for run in sorted(tracking.search_runs(tracking_uri, experiment, max_results=_RUNS_MAX),
                       key=lambda r: r.run_name):
+        handle = tracking.Run(tracking_uri, run.run_id)
         for key in sorted(run.metrics):
-            steps = Counter(step for step, _ in tracking.metric_history(tracking_uri, run.run_id, key))
+            steps = Counter(step for step, _ in handle.metric_history(key))
             found += [DuplicateStep(run.run_name, key, s, c) for s, c in sorted(steps.items()) if c > 1]
     return found
 

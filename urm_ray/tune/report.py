@@ -93,6 +93,7 @@ def write_report(study: optuna.Study, space: SearchSpace, info: SweepInfo,
                  costs: dict[int, dict[str, float]] | None = None) -> FrozenTrial | None:
     """Write and upload the report; returns the best completed trial (None if there is none)."""
     runs = tracking.child_runs(info.tracking_uri, info.experiment, info.parent_run_id)
+    parent = tracking.Run(info.tracking_uri, info.parent_run_id)
     run_ids = {int(r.tags[TRIAL_TAG]): r.run_id for r in runs if TRIAL_TAG in r.tags}
     rows = leaderboard(study, space, run_ids, costs)
     _write_csv(rows, info.path / LEADERBOARD_FILE)
@@ -102,15 +103,15 @@ def write_report(study: optuna.Study, space: SearchSpace, info: SweepInfo,
         (info.path / BEST_FILE).write_text(dump_yaml(best_config(space, best, info.trial_overrides)))
         files.append(info.path / BEST_FILE)
         best_values = {f"best/{o.metric}": v for o, v in zip(space.spec.objectives, best.values)}
-        tracking.log_metrics(info.tracking_uri, info.parent_run_id, best_values)
-        tracking.set_tags(info.tracking_uri, info.parent_run_id, {"urm_ray.best_trial": str(best.number)})
+        parent.log_metrics(best_values)
+        parent.set_tags({"urm_ray.best_trial": str(best.number)})
     if len(space.spec.objectives) > 1:
         files.append(write_front(study, space, info, run_ids))
     for path in files:
-        tracking.log_artifact(info.tracking_uri, info.parent_run_id, path)
+        parent.log_artifact(path)
     plots = write_plots(study, space, info.path / "plots")
     if plots:
-        tracking.log_artifact(info.tracking_uri, info.parent_run_id, info.path / "plots", "plots")
+        parent.log_artifact(info.path / "plots", "plots")
     from urm_ray.report import sweep_report  # the HTML page draws from this module's leaderboard
 
     try:
@@ -118,7 +119,7 @@ def write_report(study: optuna.Study, space: SearchSpace, info: SweepInfo,
     except (ValueError, RuntimeError, OSError) as err:  # a view: the sweep's results stand without it
         logger.warning("report.html not written (%s); `urm-ray report %s` draws it again", err, info.name)
     else:
-        tracking.log_artifact(info.tracking_uri, info.parent_run_id, page)
+        parent.log_artifact(page)
     return best
 
 
@@ -132,7 +133,7 @@ def write_front(study: optuna.Study, space: SearchSpace, info: SweepInfo, run_id
     pareto.write_csv(pareto.rows(front, objectives, keys), header, path)
     members = {t.number for t in front}
     for number, run_id in sorted(run_ids.items()):
-        tracking.set_tags(info.tracking_uri, run_id, {pareto.PARETO_TAG: str(number in members).lower()})
+        tracking.Run(info.tracking_uri, run_id).set_tags({pareto.PARETO_TAG: str(number in members).lower()})
     return path
 
 

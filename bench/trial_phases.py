@@ -5,7 +5,7 @@
 
 A one-worker trial trains in its Tune trial actor, which Tune reuses for the next trial: so the
 process, its imports and Ray are paid once, and each trial then pays the phases below. This runs
-those phases as ``driver.fit_in_trial`` and ``loop.run_loop`` do, one trial after another in this
+those phases as ``driver.fit`` (a sweep's one-worker trial) and ``loop.run_loop`` do, one trial after another in this
 process (the checkpoint goes to a local folder, as Tune persists it on local storage), and prints
 the median of each phase over the trials after the first (the first pays the imports' lazy
 parts and Ray Data's first start):
@@ -37,13 +37,13 @@ import ray
 import torch
 
 from urm_ray.train.evaluation import InRun
-from urm_ray.train import checkpoint, driver
+from urm_ray.train import checkpoint
 from urm_ray.train.hosts import ProcessHost
 from urm_ray.train.live import Sender
 from urm_ray.train.loop import Loop, task_spec, torch_threads
 from urm_ray.objectives import objective_for
 from urm_ray.train.step import build_state, train_step
-from urm_ray.tracking import make_tracker
+from urm_ray.train.session import Session, checkpoint_uri, datasets, prepare
 from urm_ray.tune.space import load_space
 from urm_ray.typed import to_dict
 
@@ -66,16 +66,16 @@ class Phases:
 def one_trial(cfg, number: int) -> dict[str, float]:
     t = Phases()
     with t("prepare"):
-        cfg, meta = driver.prepare(cfg)
+        cfg, meta = prepare(cfg)
     with t("mlflow open"):
-        run_id = driver.open_mlflow_run(cfg, meta, {"urm_ray.kind": "trial"}, {"sampled.x": number})
+        session = Session.open(cfg, meta, {"urm_ray.kind": "trial"}, {"sampled.x": number})
     with t("datasets"):
-        data = driver.datasets(cfg, meta)
+        data = datasets(cfg, meta)
     folder = Path(cfg.checkpoint.storage_path) / cfg.train.run_name
     host = ProcessHost(data, folder, cfg.checkpoint.keep)
     with t("model build"):
         state = build_state(cfg, task_spec(cfg, meta), torch.device("cpu"), objective=objective_for(cfg, meta))
-    loop = Loop(state, host, make_tracker(cfg.tracking.tracking_uri, run_id, True), Sender(),
+    loop = Loop(state, host, session.run.tracker(True), Sender(),
                 InRun.for_run(cfg, meta))
     batches = loop._batches()
     with t("first batch"):
@@ -92,7 +92,7 @@ def one_trial(cfg, number: int) -> dict[str, float]:
         host.report(metrics, Path(tmp), state.position.step)
     loop.tracker.close()
     with t("mlflow close"):
-        driver._finish_mlflow(cfg, run_id, ray.train.Checkpoint(str(host.latest)), None)
+        session.run.finish(checkpoint_uri(host.latest()))
     return t.seconds
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Optional

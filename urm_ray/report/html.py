@@ -93,7 +93,7 @@ def _table(rows: Sequence[dict[str, Any]]) -> str:
         return "<p class=note>no trials</p>"
     head = "".join(f"<th>{html.escape(str(k))}</th>" for k in rows[0])
     body = "\n".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row.values()) + "</tr>" for row in rows)
-    return f"<table>\n<tr>{head}</tr>\n{body}\n</table>"
+    return f"<div style=\"overflow-x:auto\"><table>\n<tr>{head}</tr>\n{body}\n</table></div>"
 
 
 def _write(path: Path, title: str, summary: str, sections: list[str]) -> Path:

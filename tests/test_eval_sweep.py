@@ -81,7 +81,7 @@ def test_an_evaluation_sweep_records_every_trial_and_trains_nothing(swept):
         assert not any(m.startswith("train/") for m in metrics)  # nothing trained
         width = int(run.data.params["sampled.eval.width"])
         assert run.data.metrics["eval/testtime/passes_per_puzzle"] == width * 3 * 4  # segments x loops
-        assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"testtime.png"}
+        assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"testtime.png", "eval-test.json"}
     first = next(r for r in children if r.info.run_name == "tt-t000")  # the model as trained
     assert first.data.params["sampled.eval.width"] == "1"
     assert {r.data.params["sampled.eval.views"] for r in children} == {"False", "True"}

@@ -276,8 +276,8 @@ def log_into(run: Any, report: EvalReport, step: int) -> None:
         run.log_metrics(values, at)
     with tempfile.TemporaryDirectory() as tmp:
         if report.mode == "testtime":
-            run.log_artifact(testtime.plot_curves(report.details, str(Path(tmp) / "testtime.png"),
-                                                  report.suffix[1:]))
+            summary = {**report.details, **{k.removeprefix(testtime.PREFIX): v for k, v in report.metrics.items()}}
+            run.log_artifact(testtime.plot_curves(summary, str(Path(tmp) / "testtime.png"), report.suffix[1:]))
         path = Path(tmp) / f"eval-{report.split}.json"
         path.write_text(json.dumps(report.as_dict(), indent=1))
         run.log_artifact(path)

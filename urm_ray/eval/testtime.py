@@ -56,6 +56,9 @@ from urm_ray.metrics import exact
 from urm_ray.models.family import TestTime
 from urm_ray.models.registry import family_of
 
+PREFIX = "eval/testtime/"  # the MLflow names of a checkpoint's test-time evaluation
+
+
 def widths(width: int) -> list[int]:
     """The width curve's points: 1, 2, 4, ... below ``width``, then ``width``."""
     points = [1]
@@ -297,7 +300,7 @@ def _curve(report: dict[str, object], name: str) -> dict[int, float]:
     return {int(k): float(v) for k, v in report[name].items()}
 
 
-def curve_metrics(report: dict[str, object], prefix: str = "eval/testtime/") -> list[tuple[dict[str, float], int]]:
+def curve_metrics(report: dict[str, object], prefix: str = PREFIX) -> list[tuple[dict[str, float], int]]:
     """The curves as MLflow metric histories, (metrics, step) pairs: ``depth_exact`` and
     ``depth_valid`` at step k (segments), ``width_exact`` and ``width_valid`` at step w
     (trajectories), and ``depth_passes`` (passes per puzzle at depth k: k x passes per segment x
@@ -351,6 +354,6 @@ SCALARS = ("exact_accuracy", "vote_exact_accuracy", "q_exact_accuracy", "confide
            "confidence_valid_accuracy", "oracle_valid_accuracy", "passes_per_puzzle", "seconds_per_puzzle")
 
 
-def scalar_metrics(report: dict[str, object], prefix: str = "eval/testtime/") -> dict[str, float]:
+def scalar_metrics(report: dict[str, object], prefix: str = PREFIX) -> dict[str, float]:
     """The report's numbers (accuracies, passes, seconds) as MLflow metrics."""
     return {f"{prefix}{key}": float(report[key]) for key in SCALARS}

@@ -184,13 +184,13 @@ def _winner(study: Study, row: Row, info: SweepInfo, space: SearchSpace, folder:
     protocol = study.spec.protocol
     candidates = top_trials(info, space, protocol.top)
     if len(candidates) > 1 or protocol.recheck_seeds > 1:
-        parent = tracking.open_run(
+        parent = tracking.Run.open(
             info.tracking_uri, info.experiment, f"{info.name}-study-recheck",
             {"top": len(candidates), "seeds": protocol.recheck_seeds},
             {PARENT_TAG: info.parent_run_id, KIND_TAG: "final", SWEEP_TAG: info.name, STUDY_TAG: study.name},
         )
         scores = _reevaluate(info, space, candidates, protocol.recheck_seeds, parent)
-        tracking.close_run(info.tracking_uri, parent, "FINISHED")
+        parent.close("FINISHED")
     else:
         scores = {candidates[0].number: [float(candidates[0].values[0])]}
     sign = 1.0 if space.mode == "max" else -1.0
@@ -214,8 +214,8 @@ def _final(study: Study, row: Row, info: SweepInfo, space: SearchSpace, winner: 
     from urm_ray.train.driver import fit
 
     name = final_run_name(info, seed)
-    run_id = tracking.find_run_id(info.tracking_uri, info.experiment, name)
-    if run_id is not None and tracking.run_summary(info.tracking_uri, run_id).status == "FINISHED":
+    run = tracking.Run.find(info.tracking_uri, info.experiment, name)
+    if run is not None and run.summary().status == "FINISHED":
         return
     values = {**dict(winner.params), **without_resources(info.trial_overrides),
               **final_overrides(study.spec.protocol, space),
@@ -298,20 +298,20 @@ def log_table(study: Study, table: StudyTable, folder: Path) -> str:
     a child run per row with its metrics' mean, sd and interval. Returns the parent's id."""
     uri = load_sweep(study.sweep_name(study.rows[0]), str(folder / "sweeps"))[0].tracking_uri
     experiment = f"study-{study.name}"
-    parent = tracking.open_run(uri, experiment, study.name,
+    parent = tracking.Run.open(uri, experiment, study.name,
                                {"rows": len(study.rows), "seeds": study.spec.protocol.seeds,
                                 "trials": study.spec.protocol.trials, "top": study.spec.protocol.top,
                                 "study_file": str(study.path)},
                                {KIND_TAG: "study", STUDY_TAG: study.name})
     for row in table.rows:
-        child = tracking.open_run(uri, experiment, f"{study.name}-{row.name}",
+        child = tracking.Run.open(uri, experiment, f"{study.name}-{row.name}",
                                   {"sweep": row.sweep, "family": row.family, "task": row.task,
                                    "benchmark": row.benchmark or "-", "cost_source": row.cost_source},
-                                  {PARENT_TAG: parent, KIND_TAG: "study-row", STUDY_TAG: study.name,
+                                  {PARENT_TAG: parent.id, KIND_TAG: "study-row", STUDY_TAG: study.name,
                                    ROW_TAG: row.name})
-        tracking.log_metrics(uri, child, table.row_metrics(row))
-        tracking.close_run(uri, child, "FINISHED")
+        child.log_metrics(table.row_metrics(row))
+        child.close("FINISHED")
     for name in ("table.md", "table.csv"):
-        tracking.log_artifact(uri, parent, folder / name)
-    tracking.close_run(uri, parent, "FINISHED")
-    return parent
+        parent.log_artifact(folder / name)
+    parent.close("FINISHED")
+    return parent.id

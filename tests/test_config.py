@@ -264,3 +264,12 @@ def test_a_space_override_and_a_run_config_override_of_the_same_section_go_apart
     space = load_space("quickstart", ["resources.workers=1", "checkpoint.every=0", "trials=3"])
     assert space.spec.resources.workers == 1 and space.spec.trials == 3
     assert space.base_config.checkpoint.every == 0
+
+
+def test_a_run_recorded_before_a_rename_is_read_under_the_new_key():
+    from urm_ray.runs import config_value
+    from urm_ray.tracking import RunSummary
+
+    old = RunSummary("id", "r", "FINISHED", {}, {"train.storage_path": "/old", "train.steps": "9"}, {})
+    assert config_value(old, "checkpoint.storage_path", "") == "/old"
+    assert config_value(old, "checkpoint.every", "-") == "-"

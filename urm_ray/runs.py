@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from urm_ray import heartbeat, tracking
+from urm_ray.config import RENAMED
 from urm_ray.errors import ConfigError
 from urm_ray.table import render
 from urm_ray.tracking import CHECKPOINT_TAG, FATE_TAG, KIND_TAG, RESUMED_TAG_PREFIX, TRIAL_TAG, RunSummary
@@ -63,8 +64,13 @@ def checkpoint(run: RunSummary) -> str:
 
 
 def config_value(run: RunSummary, key: str, default: str) -> str:
-    """The run's config value of ``key``: its param, or the value a resume changed it to."""
-    return run.tags.get(f"{RESUMED_TAG_PREFIX}{key}", run.params.get(key, default))
+    """The run's config value of ``key``: its param, or the value a resume changed it to (under
+    the key's old name for a run recorded before the key was renamed)."""
+    for name in (key, *(old for old, new in RENAMED.items() if new == key)):
+        value = run.tags.get(f"{RESUMED_TAG_PREFIX}{name}", run.params.get(name))
+        if value is not None:
+            return value
+    return default
 
 
 def train_row(uri: str, run: RunSummary, now: float | None = None) -> list[str]:

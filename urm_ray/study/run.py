@@ -159,6 +159,7 @@ def _sweep(study: Study, row: Row, root: Path, verbose: bool) -> tuple[SweepInfo
     if (root / name / INFO_FILE).is_file():
         info, space = load_sweep(name, str(root))
         if _finished(info) >= space.spec.trials:
+            _close_parent(info)
             return info, space
         resume = True
     else:
@@ -168,6 +169,13 @@ def _sweep(study: Study, row: Row, root: Path, verbose: bool) -> tuple[SweepInfo
     if outcome.interrupted:
         raise Interrupted(f"study {study.name}: sweep {name} stopped; run the study again to go on")
     return info, space
+
+
+def _close_parent(info: SweepInfo) -> None:
+    """A sweep stopped between its last trial and closing its MLflow run: closed now."""
+    parent = tracking.Run(info.tracking_uri, info.parent_run_id)
+    if info.parent_run_id and parent.summary().status == "RUNNING":
+        parent.close("FINISHED")
 
 
 def _finished(info: SweepInfo) -> int:

@@ -86,7 +86,7 @@ class StudyTable:
             published = "; ".join(f"{b.measure} {b.value * 100:.1f} % ({b.source})" for b in row.baselines)
             lines.append("| " + " | ".join([row.name, row.task, row.family, *cells, str(row.n),
                                              f"{row.device_hours:.3f}", published or "-"]) + " |")
-        sources = sorted({r.cost_source for r in self.rows})
+        sources = sorted({s for r in self.rows for s in r.cost_source.split(" and ") if s}) or ["no run yet"]
         lines += ["", "Each metric: mean +- sd over the final seeds [95 % Student-t interval]. "
                       f"Device-hours: every run of the row (trials, re-checks, finals), from {' and '.join(sources)}."]
         return "\n".join(lines) + "\n"

@@ -210,7 +210,7 @@ def test_ray_asks_for_its_token_and_keeps_the_dashboard_on_the_head(cluster_conf
         assert 0 <= line.find("export RAY_AUTH_MODE=token;") < line.find("ray start"), line
     # Ray's default token file on every node, from the user's own (ray get-auth-token --generate)
     token = "/home/ray/" + str(_get_default_token_path().relative_to(Path.home()))
-    assert cluster_config["file_mounts"] == {token: "~/.ray/auth_token"}
+    assert cluster_config["file_mounts"][token] == "~/.ray/auth_token"
     assert any("'export RAY_AUTH_MODE=token' >> ~/.bashrc" in c for c in cluster_config["setup_commands"])
 
 

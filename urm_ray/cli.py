@@ -188,6 +188,7 @@ def _sample(args: argparse.Namespace) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> None:
+    from urm_ray.report import publish_after_sweep
     from urm_ray.tune.sweep import create_sweep, extend, load_sweep, resume_hint, run_sweep, set_caps
 
     if not args.verbose:
@@ -210,6 +211,7 @@ def _sweep(args: argparse.Namespace) -> None:
     print(f"sweep {info.name} in {info.folder} (MLflow experiment {info.experiment!r})", flush=True)
     outcome = run_sweep(info, space, resume=bool(args.resume), scale_up_s=args.scale_up,
                         verbose=args.verbose)
+    publish_after_sweep(info, space)
     print(json.dumps({"sweep": outcome.name, "finished": outcome.finished,
                       "requested": outcome.requested, f"best {space.metric}": outcome.best_value,
                       "best_config": outcome.best_config_path,

@@ -37,6 +37,8 @@ from urm_ray import tracking
 from urm_ray.cluster import init_ray
 from urm_ray.config import build_config, with_values
 from urm_ray.errors import Interrupted
+from urm_ray.report import REPORT_FILE, publish_after_sweep, write_study
+from urm_ray.report.data import seed_curves
 from urm_ray.study.baselines import published
 from urm_ray.study.spec import Row, Study, final_overrides, load_study
 from urm_ray.study.table import Cell, StudyTable, TableRow
@@ -79,6 +81,7 @@ def run_study(study: Study, root: str = DEFAULT_ROOT, verbose: bool = False) -> 
             print(f"study {study.name}: row {row.name} done", flush=True)
     table = build_table(study, folder)
     write_table(table, folder)
+    write_page(study, table, folder)
     log_table(study, table, folder)
     return table
 
@@ -166,6 +169,7 @@ def _sweep(study: Study, row: Row, root: Path, verbose: bool) -> tuple[SweepInfo
         info, space = create_sweep(row.space_file, row.sweep_overrides, name, str(root))
         resume = False
     outcome = run_sweep(info, space, resume=resume, verbose=verbose)
+    publish_after_sweep(info, space)
     if outcome.interrupted:
         raise Interrupted(f"study {study.name}: sweep {name} stopped; run the study again to go on")
     return info, space
@@ -301,6 +305,17 @@ def write_table(table: StudyTable, folder: Path) -> None:
         partial.replace(folder / name)
 
 
+def write_page(study: Study, table: StudyTable, folder: Path) -> Path:
+    """``report.html``: the table and, per row, the first metric's learning curves over the final
+    seeds (``urm_ray/report/``)."""
+    curves = {}
+    for row in study.rows:
+        info, _ = load_sweep(study.sweep_name(row), str(folder / "sweeps"))
+        run_ids = [r.info.run_id for r in final_runs(info, study.name, row.name)]
+        curves[row.name] = seed_curves(info.tracking_uri, run_ids, table.metrics[0])
+    return write_study(table, curves, folder / REPORT_FILE)
+
+
 def log_table(study: Study, table: StudyTable, folder: Path) -> str:
     """A parent run ``<study>`` in experiment ``study-<study>`` with the table as artifacts, and
     a child run per row with its metrics' mean, sd and interval. Returns the parent's id."""
@@ -319,7 +334,7 @@ def log_table(study: Study, table: StudyTable, folder: Path) -> str:
                                    ROW_TAG: row.name})
         child.log_metrics(table.row_metrics(row))
         child.close("FINISHED")
-    for name in ("table.md", "table.csv"):
+    for name in ("table.md", "table.csv", REPORT_FILE):
         parent.log_artifact(folder / name)
     parent.close("FINISHED")
     return parent.id

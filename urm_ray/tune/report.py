@@ -5,8 +5,8 @@ Written into the sweep folder and uploaded to the sweep's parent MLflow run:
 id; with several objectives a ``pareto`` column marks the front's members), ``pareto.csv`` (the
 front, with several objectives), ``best_config.yaml`` (a training config ``urm-ray train`` accepts, without the resources
 the sweep gave each trial), ``plots/*.png`` (optimization history, parameter importances,
-parallel coordinates, slices) and ``report.html`` (the same, drawn for a person to look at:
-``urm_ray/report/``).
+parallel coordinates, slices). The HTML page drawn from them is ``urm_ray/report/``'s, above this
+package.
 """
 
 from __future__ import annotations
@@ -112,14 +112,6 @@ def write_report(study: optuna.Study, space: SearchSpace, info: SweepInfo,
     plots = write_plots(study, space, info.path / "plots")
     if plots:
         parent.log_artifact(info.path / "plots", "plots")
-    from urm_ray.report import sweep_report  # the HTML page draws from this module's leaderboard
-
-    try:
-        page = sweep_report(info.name, study, space, info.path, costs, rows)
-    except (ValueError, RuntimeError, OSError) as err:  # a view: the sweep's results stand without it
-        logger.warning("report.html not written (%s); `urm-ray report %s` draws it again", err, info.name)
-    else:
-        parent.log_artifact(page)
     return best
 
 

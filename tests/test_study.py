@@ -148,7 +148,9 @@ def test_the_table_is_logged_to_a_study_run_with_a_child_per_row(study):
     parent = next(r for r in runs if r.info.run_name == "tiny")
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert sorted(children) == ["tiny-one"]
-    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"table.md", "table.csv"}
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"table.md", "table.csv", "report.html"}
+    page = (study["root"] / "studies" / "tiny" / "report.html").read_text()  # the study's own page
+    assert "<h2>Results</h2>" in page and ">one<" in page
     values = list(_final_runs(study["uri"], "one")[f"metrics.{METRICS[1]}"])
     assert math.isclose(children["tiny-one"].data.metrics[f"{METRICS[1]}/mean"], statistics.fmean(values))
 

@@ -106,7 +106,9 @@ def scale_space(trials: int, concurrency: int, steps: int = 20, retries: int = 1
         "description": "sweep scale: tiny URM trials on 4x4 Sudoku",
         "base": "sudoku4-urm",
         "overrides": {
-            "data.path": "builtin:sudoku4", "model.hidden_size": 16, "model.num_heads": 2,
+            # the nodes of the test's logical cluster are processes of one machine: one disk
+            "data.path": "builtin:sudoku4", "resources.shared_fs": True,
+            "model.hidden_size": 16, "model.num_heads": 2,
             "model.num_layers": 1, "model.expansion": 1.0, "model.max_segments": 2,
             "train.steps": steps, "train.global_batch_size": 16, "train.log_every": 10,
             "eval.every": 10, "checkpoint.every": 10, "eval.max_rows": 16,

@@ -204,7 +204,7 @@ def test_best_config_is_exported_and_trainable(sweep, capsys):
     assert cfg.optim.lr == best.params["optim.lr"] and cfg.model.loops == best.params["model.loops"]
     assert cfg.train.steps == 30
     # the trials ran on 0.4 CPU with resources.device=cpu; the exported config keeps the base's
-    base = load_config("sudoku4-urm").train
+    base = load_config("sudoku4-urm").resources
     assert (cfg.resources.cpus_per_worker, cfg.resources.device) == (base.cpus_per_worker, base.device)
 
 
@@ -225,7 +225,7 @@ def test_final_reruns_seeds_trains_and_registers(sweep, caplog):
     assert len(rechecks) == 4 and f"last 1/1 {winner} seed" in rechecks[-1]  # 2 starts, 2 ends
     client = MlflowClient(sweep["uri"])
     run = client.get_run(outcome.run_id)
-    base = load_config("sudoku4-urm").train  # the final run's resources: not the trials' 0.4 CPU
+    base = load_config("sudoku4-urm").resources  # the final run's resources: not the trials' 0.4 CPU
     assert run.data.params["resources.cpus_per_worker"] == str(base.cpus_per_worker)
     final_parent = client.get_run(run.data.tags["mlflow.parentRunId"])
     assert final_parent.data.tags["mlflow.parentRunId"] == sweep["info"].parent_run_id

@@ -60,12 +60,15 @@ def _add(tracking_uri: str, experiment: str, run_name: str, spent: dict[str, flo
     run_id = tracking.find_run_id(tracking_uri, experiment, run_name)
     if run_id is None:  # failed before its run was opened
         return
-    before = tracking.run_summary(tracking_uri, run_id).metrics
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
-    for key, value in spent.items():  # step 0: the latest value is the total
-        client.log_metric(run_id, key, before.get(key, 0.0) + value, step=0)
+    for key, value in spent.items():
+        # one step per attempt of the trial (a retry, a resume), each logged once; the latest
+        # value is the total
+        history = client.get_metric_history(run_id, key)
+        before = max(history, key=lambda m: m.step).value if history else 0.0
+        client.log_metric(run_id, key, before + value, step=len(history))
 
 
 def trial_costs(info: SweepInfo) -> dict[int, dict[str, float]]:

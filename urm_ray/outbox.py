@@ -59,8 +59,9 @@ class Outbox:
         self.away_since: float | None = None  # monotonic time of the current outage's first failure
         self.last_error: BaseException | None = None
 
-    def put(self, item: Any) -> None:
-        """Queue ``item``; while the store answers, wait (up to ``wait_s``) until it is written."""
+    def put(self, item: Any, wait: bool = True) -> None:
+        """Queue ``item``; while the store answers, wait (up to ``wait_s``) until it is written
+        (``wait`` False: return at once)."""
         with self._cond:
             self._raise_failed()
             assert not self._closing, "put after close"
@@ -69,7 +70,7 @@ class Outbox:
                 self._thread = threading.Thread(target=self._run, name="urm_ray-outbox", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
-            if self._behind or self.away_since is not None:
+            if not wait or self._behind or self.away_since is not None:
                 return
             written = self._cond.wait_for(
                 lambda: not self._items or self.away_since is not None or self._failed is not None,

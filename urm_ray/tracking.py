@@ -71,6 +71,7 @@ FAILED_FLUSH_S = 10.0
 
 
 class Tracker(Protocol):
+    def connect(self) -> None: ...
     def log(self, metrics: dict[str, float], step: int) -> None: ...
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
@@ -79,6 +80,9 @@ class Tracker(Protocol):
 
 class NullTracker:
     """What non-zero ranks (and runs with tracking disabled) get: does nothing."""
+
+    def connect(self) -> None:
+        pass
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         pass
@@ -149,6 +153,17 @@ class MlflowTracker:
         self._last_step = -1
         self._spool: Path | None = None  # artifacts' copies, kept until written
         self._outbox = Outbox(self._write, transient, f"MLflow tracking store {redact.redact(tracking_uri)}")
+
+    def connect(self) -> None:
+        """Makes the store's client and reads the run's last logged step in the writer's thread,
+        now, without waiting for it: the first ``log`` (which waits for its write) then finds them
+        ready instead of loading MLflow. Called where the run waits anyway (its first batch)."""
+
+        def read(client: MlflowClient, run_id: str) -> None:
+            if self.logged_until is None:
+                self.logged_until = _logged_until(client, run_id, self.step_key)
+
+        self._outbox.put(_Extra("the run's last logged step (read)", read), wait=False)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if step <= self._last_step:
@@ -447,8 +462,7 @@ class Run:
 
     def summary(self) -> RunSummary:
         run = _client(self.tracking_uri).get_run(self.id)
-        return RunSummary(run.info.run_id, run.info.run_name, run.info.status, dict(run.data.tags),
-                          dict(run.data.params), dict(run.data.metrics))
+        return _summary(run)
 
     def tags(self) -> dict[str, str]:
         return self.summary().tags
@@ -471,6 +485,15 @@ class Run:
         if step > _logged_until(client, self.id):
             now = int(time.time() * 1000)
             client.log_batch(self.id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def accumulate(self, added: dict[str, float]) -> None:
+        """Adds to running totals: each key's latest value plus its addition, logged at the next
+        step of that key (one step per call, none logged twice), so the latest value is the total."""
+        client = _client(self.tracking_uri)
+        for key, value in added.items():
+            history = client.get_metric_history(self.id, key)
+            before = max(history, key=lambda m: m.step).value if history else 0.0
+            client.log_metric(self.id, key, before + value, step=len(history))
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         _log_artifact(_client(self.tracking_uri), self.id, Path(path), artifact_path)
@@ -574,6 +597,14 @@ class RunSummary:
     metrics: dict[str, float]  # latest value of each metric
     experiment: str = ""
     experiment_id: str = ""
+    start_ms: int = 0  # unix milliseconds
+    end_ms: int | None = None  # None while it runs
+
+
+def _summary(run: Any, experiment: str = "") -> RunSummary:
+    return RunSummary(run.info.run_id, run.info.run_name, run.info.status, dict(run.data.tags),
+                      dict(run.data.params), dict(run.data.metrics), experiment, run.info.experiment_id,
+                      run.info.start_time or 0, run.info.end_time)
 
 
 def find_run_id(tracking_uri: str, experiment: str, run_name: str) -> str | None:
@@ -608,6 +639,22 @@ def child_runs(tracking_uri: str, experiment: str, parent_run_id: str) -> list[R
 _PAGE = 500  # runs per search call when nested runs are skipped
 
 
+def matching_runs(tracking_uri: str, experiment: str, filter_string: str = "") -> list[RunSummary]:
+    """Every run of ``experiment`` that ``filter_string`` (MLflow's search syntax) selects, read a
+    page at a time; [] when the experiment does not exist."""
+    client = _client(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    runs: list[RunSummary] = []
+    token = None
+    while found is not None:
+        page = client.search_runs([found.experiment_id], filter_string, max_results=_PAGE, page_token=token)
+        runs += [_summary(r, experiment) for r in page]
+        token = page.token
+        if not token:
+            break
+    return runs
+
+
 def search_runs(tracking_uri: str, experiment: str = "", max_results: int = 1000,
                 top_level: bool = False) -> list[RunSummary]:
     """The runs of ``experiment`` (of every experiment when empty), newest first; ``top_level``:
@@ -621,10 +668,7 @@ def search_runs(tracking_uri: str, experiment: str = "", max_results: int = 1000
     while ids and len(found) < max_results:
         page = client.search_runs(ids, max_results=max_results if not top_level else _PAGE,
                                   order_by=["attributes.start_time DESC"], page_token=token)
-        found += [RunSummary(r.info.run_id, r.info.run_name, r.info.status, dict(r.data.tags),
-                             dict(r.data.params), dict(r.data.metrics), names[r.info.experiment_id],
-                             r.info.experiment_id)
-                  for r in page if not (top_level and PARENT_TAG in r.data.tags)]
+        found += [_summary(r, names[r.info.experiment_id]) for r in page if not (top_level and PARENT_TAG in r.data.tags)]
         token = page.token
         if not top_level or not token:
             break

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from urm_ray.config import ResourcesConfig, RunConfig, build_config
 from urm_ray.data import stream
 from urm_ray.data.store import DatasetMeta
 from urm_ray.errors import TrainingDiverged
+from urm_ray.train.batches import TrainBatches
 from urm_ray.train.evaluation import InRun, Ranks
 from urm_ray.losses import per_row
 from urm_ray.models.task import TaskSpec
@@ -79,18 +80,24 @@ def run_loop(cfg: RunConfig, meta: DatasetMeta, host: Host, device: torch.device
     threads = torch.get_num_threads()
     torch.set_num_threads(torch_threads(cfg.resources))
     try:
-        progress.phase(f"building the model ({cfg.model.name}) on {host.world} worker(s)")
-        state = build_state(cfg, task_spec(cfg, meta), device, objective=objective_for(cfg, meta),
-                            world=host.world, wrap=wrap)
         saved = host.saved_state()
-        if saved is None:
-            torch.manual_seed(checkpoint.rank_seed(cfg.train.seed, host.rank))  # each rank its own draws
-        else:
-            state.position, carry = checkpoint.restore(saved, state.model, state.ema, state.optimizers,
-                                                       host.rank, cfg.train.seed)
-            state.carry = None if carry is None else carry.to(device)
-            progress.phase(f"restored step {state.position.step} from the latest checkpoint")
-        Loop(state, host, tracker, progress, InRun.for_run(cfg, meta)).run()
+        position = checkpoint.Position(**saved["position"]) if saved is not None else checkpoint.Position()
+        # asked for now: Ray Data starts its pipeline while the model is built
+        batches = TrainBatches(host.shard("train"), cfg.train.global_batch_size // host.world, position,
+                               cfg.data.shuffle_seed, cfg.data.shuffle_buffer, device)
+        with closing(batches):  # also when the model cannot be built
+            progress.phase(f"building the model ({cfg.model.name}) on {host.world} worker(s)")
+            state = build_state(cfg, task_spec(cfg, meta), device, objective=objective_for(cfg, meta),
+                                world=host.world, wrap=wrap)
+            if saved is None:
+                torch.manual_seed(checkpoint.rank_seed(cfg.train.seed, host.rank))  # each rank its own draws
+            else:
+                _, carry = checkpoint.restore(saved, state.model, state.ema, state.optimizers, host.rank,
+                                              cfg.train.seed)
+                state.carry = None if carry is None else carry.to(device)
+                progress.phase(f"restored step {position.step} from the latest checkpoint")
+            state.position = position  # the one the batches advance
+            Loop(state, host, tracker, progress, InRun.for_run(cfg, meta)).run(batches)
     finally:
         torch.set_num_threads(threads)
 
@@ -124,12 +131,12 @@ class Loop:
         # the rest of its time is start-up, checkpoints and tracking)
         self.seconds = {"time/train_s": 0.0, "time/eval_s": 0.0}
 
-    def run(self) -> None:
-        # Closed as soon as training ends or fails: a suspended generator is otherwise closed by
-        # the garbage collector only (not while a traceback holds this frame), and until then Ray
-        # Data's prefetch thread runs on in this worker and the SplitCoordinator's epoch with it.
+    def run(self, batches: TrainBatches) -> None:
+        """Trains on ``batches`` to ``train.steps``; closes them as soon as training ends or fails
+        (Ray Data's prefetch thread runs on in this worker until they are closed)."""
+        self.tracker.connect()  # MLflow loads while the first batch is on its way
         try:
-            with closing(self._batches()) as batches:
+            with closing(batches):
                 self._train(batches)
         except BaseException:
             self._close_tracker_after_failure()
@@ -166,22 +173,6 @@ class Loop:
                 self.seconds["time/train_s"] += elapsed
                 self._report(self._train_metrics(sums, window_steps, elapsed))
                 sums, window_start, window_steps = {}, time.perf_counter(), 0
-
-    def _batches(self) -> Generator[dict[str, torch.Tensor], None, None]:
-        """Endless batches from the saved data position; updates the position as it goes."""
-        shard, position = self.host.shard("train"), self.state.position
-        skip = position.batch
-        while True:
-            rows = stream.iter_torch_batches(
-                shard, self.state.local_batch, epoch=position.epoch, seed=self.cfg.data.shuffle_seed,
-                shuffle=True, drop_last=True, buffer_rows=self.cfg.data.shuffle_buffer,
-            )
-            for index, batch in enumerate(rows):
-                if index < skip:
-                    continue
-                position.batch = index + 1
-                yield to_device(batch, self.state.device)
-            position.epoch, position.batch, skip = position.epoch + 1, 0, 0
 
     def _stop_if_diverged(self, first_nonfinite: torch.Tensor) -> None:
         """Raise TrainingDiverged (on every rank alike) if any rank saw a non-finite loss or

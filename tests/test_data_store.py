@@ -248,3 +248,16 @@ def test_chunked_write_rolls_parts_and_counts_rows_across_chunks(tmp_path):
     with pytest.raises(DataError, match="split 'train' row 7: inputs has value 9"):
         store.write_dataset_chunks(tmp_path / "e", {"train": chunks(bad_at=6)}, _meta())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+def test_the_streams_map_tasks_import_no_torch():
+    """Ray Data runs the augmentation in fresh worker processes that import this module and every
+    task's registry entry: torch (about 2 s of CPU each) stays out until a batch becomes tensors."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from urm_ray.data import stream; from urm_ray.data.tasks import registry\n"
+            "assert len(registry.TASKS) >= 5\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

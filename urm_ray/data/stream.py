@@ -301,7 +301,6 @@ def iter_torch_batches(
     *,
     buffer_rows: int = 4096,
     device: str = "auto",
-    prefetch_batches: int = 1,
 ) -> Iterable[dict[str, torch.Tensor]]:
     """Torch batches from a Dataset or a Ray Train shard (`ray.train.get_dataset_shard(name)`).
 
@@ -315,7 +314,7 @@ def iter_torch_batches(
         collate_fn=_ToTorch(),
         drop_last=drop_last,
         device=device,
-        prefetch_batches=prefetch_batches,
+        prefetch_batches=1,  # one batch formed ahead of the step
         local_shuffle_buffer_size=max(buffer_rows, batch_size) if shuffling else None,
         local_shuffle_seed=epoch_seed(seed, epoch) if shuffling else None,
     )

@@ -44,6 +44,7 @@ from urm_ray.progress import Progress
 logger = logging.getLogger("urm_ray.data")
 
 NAME = AUGMENTATION = "arc"  # metadata.json's task and augmentation
+PASS_KS = (1, 2, 10, 100, 1000)  # pass@k reported on held-out pairs
 SIDE = 30  # canvas side; grids are at most 30x30
 SEQ_LEN = SIDE * SIDE
 PAD, EOS, COLOUR_OFFSET = 0, 1, 2

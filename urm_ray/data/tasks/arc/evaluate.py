@@ -37,7 +37,6 @@ from urm_ray.errors import ConfigError
 from urm_ray.metrics import Candidate, pass_at_k, place, rank
 from urm_ray.progress import Progress
 
-PASS_KS = (1, 2, 10, 100, 1000)
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ class Voting:
     views: int = 0  # versions per test pair (0 = all data.num_augmentations)
     batch_size: int = 256  # predictions per forward
     halt_early: bool = False  # a row answers at the first segment its Q-head says halt
-    pass_ks: Sequence[int] = PASS_KS
+    pass_ks: Sequence[int] = arc.PASS_KS
     max_pairs: int = 0  # the first test pairs only (0 = all)
     device: str | torch.device = "cpu"
     live: bool = False  # progress as a bar on stderr, else a log line every few seconds

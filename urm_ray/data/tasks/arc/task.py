@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from urm_ray.data.config import DataConfig
 from urm_ray.data.tasks import arc
-from urm_ray.data.tasks.arc import augment, evaluate
+from urm_ray.data.tasks.arc import augment
 from urm_ray.data.tasks.task import PuzzleTask, Scoring, Versions
+
+if TYPE_CHECKING:  # scoring loads torch when it runs: the stream's map tasks import this entry
+    from torch import nn
 
 logger = logging.getLogger("urm_ray.data")
 
@@ -46,6 +47,8 @@ def score(model: nn.Module, data_cfg: DataConfig, split: str, *, views: int, max
           ranks: tuple[int, int] = (0, 1), gather: Any = None, **voting: Any) -> dict[str, Any]:
     """pass@k by voting over ``views`` versions of each held-out test pair (`evaluate.evaluate_arc`);
     ``voting``: the other fields of `evaluate.Voting`."""
+    from urm_ray.data.tasks.arc import evaluate
+
     shares = evaluate.Shares(*ranks, gather) if gather is not None else evaluate.Shares(*ranks)
     return evaluate.evaluate_arc(model, data_cfg, split, evaluate.Voting(views=views, max_pairs=max_rows, **voting),
                                  shares)
@@ -56,5 +59,5 @@ TASK = PuzzleTask(
     arc.NAME, add_builder=arc.add_builder, augmentation=arc.AUGMENTATION,
     versions=Versions(prepare=prepare, augment=augment.augment, identifiers=augment.identifiers_for,
                       table_rows=table_rows, translates=True),
-    scoring=Scoring(prefix="arc/", score=score, pass_ks=evaluate.PASS_KS),
+    scoring=Scoring(prefix="arc/", score=score, pass_ks=arc.PASS_KS),
 )

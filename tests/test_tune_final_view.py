@@ -11,7 +11,7 @@ from urm_ray.tune.final_view import RecheckProgress, run_label
 
 
 def _grid() -> tuple[dict[str, str], list[Trial]]:
-    """Two configs (sweep trials 5 and 1) x two seeds, as ``best._reevaluate`` names them."""
+    """Two configs (sweep trials 5 and 1) x two seeds, as ``best.reevaluate`` names them."""
     labels = {f"t{n}-s{s}": run_label(rank, 2, n, s + 1) for rank, n in ((1, 5), (2, 1)) for s in range(2)}
     return labels, [Trial("seed_run", config={"run": run}, stub=True) for run in labels]
 

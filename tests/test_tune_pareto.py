@@ -25,7 +25,7 @@ from ray.tune.schedulers import TrialScheduler
 from urm_ray.cli import main
 from urm_ray.errors import ConfigError
 from urm_ray.tune import pareto
-from urm_ray.tune.best import final
+from urm_ray.tune.best import FinalRequest, final
 from urm_ray.tune.rungs import StudyDominance
 from urm_ray.tune.search import EVALS_ATTR, TRIAL_KEY
 from urm_ray.tune.space import Objective, load_space
@@ -181,6 +181,6 @@ def test_best_prints_the_front_and_final_trains_only_a_member(sweep, capsys):
     assert yaml.safe_load(printed)["model"]["loops"] == front[0].params["model.loops"]
     assert main(["final", "two", "--dir", root, "--pick", "1"]) == 2  # pruned: off the front
     assert "trial 1 is not on the Pareto front" in capsys.readouterr().err
-    outcome = final("two", root, pick=front[-1].number)
+    outcome = final("two", root, FinalRequest(pick=front[-1].number))
     assert outcome.winner == front[-1].number and outcome.model_version == "1"
     assert outcome.metrics["step"] == 10

@@ -26,7 +26,7 @@ from ray import tune
 
 from urm_ray.cli import main
 from urm_ray.config import load_config
-from urm_ray.tune.best import final
+from urm_ray.tune.best import FinalRequest, final
 from urm_ray.tune.sweep import create_sweep, load_sweep, run_sweep
 
 pytestmark = pytest.mark.slow
@@ -210,7 +210,7 @@ def test_best_config_is_exported_and_trainable(sweep, capsys):
 
 def test_final_reruns_seeds_trains_and_registers(sweep, caplog):
     caplog.set_level(logging.INFO)
-    outcome = final("tiny", str(sweep["root"]), seeds=2, overrides=["train.log_every=5"])
+    outcome = final("tiny", str(sweep["root"]), FinalRequest(seeds=2, overrides=("train.log_every=5",)))
     assert len(outcome.scores[outcome.winner]) == 2
     assert outcome.metrics["step"] == 20 and outcome.model_version == "1"
     # what it showed: the stages, each re-check run starting and ending, the winner's training

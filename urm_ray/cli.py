@@ -245,11 +245,11 @@ def _best(args: argparse.Namespace) -> None:
 
 
 def _final(args: argparse.Namespace) -> None:
-    from urm_ray.tune.best import final
+    from urm_ray.tune.best import FinalRequest, Launch, final
 
-    outcome = final(args.name, args.dir, args.seeds, args.top, args.overrides, args.model_name,
-                    scale_up_s=args.scale_up, verbose=args.verbose, live=sys.stderr.isatty(),
-                    pick=args.pick)
+    request = FinalRequest(args.seeds, args.top, args.pick, tuple(args.overrides), args.model_name)
+    outcome = final(args.name, args.dir, request,
+                    Launch(scale_up_s=args.scale_up, verbose=args.verbose, live=sys.stderr.isatty()))
     summary = {k: v for k, v in outcome.metrics.items() if k.startswith(registry.HELD_OUT_PREFIXES) or k == "step"}
     print(json.dumps({"winner_trial": outcome.winner, "seed_scores": outcome.scores,
                       "mlflow_run_id": outcome.run_id, **_ui(_sweep_tracking_uri(args), outcome.run_id),

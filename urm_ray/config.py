@@ -370,7 +370,7 @@ def flatten(cfg: RunConfig) -> dict[str, Any]:
     return out
 
 
-def replace(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+def overridden(cfg: RunConfig, overrides: list[str]) -> RunConfig:
     """A new validated config with dotted overrides applied."""
     return build_config(apply_overrides(to_dict(cfg), overrides))
 

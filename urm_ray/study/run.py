@@ -25,12 +25,10 @@ import json
 import logging
 import os
 import statistics
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import ray
-from mlflow.tracking import MlflowClient
 from optuna.trial import FrozenTrial
 
 from urm_ray import tracking
@@ -43,7 +41,7 @@ from urm_ray.study.baselines import published
 from urm_ray.study.spec import Row, Study, final_overrides, load_study
 from urm_ray.study.table import Cell, StudyTable, TableRow
 from urm_ray.tracking import KIND_TAG, PARENT_TAG, SWEEP_TAG, TRIAL_TAG
-from urm_ray.tune.best import _reevaluate, top_trials
+from urm_ray.tune.best import reevaluate, top_trials
 from urm_ray.tune.cost import DEVICE_SECONDS
 from urm_ray.tune.info import INFO_FILE, SweepInfo
 from urm_ray.tune.resources import trial_bundles, without_resources
@@ -201,7 +199,7 @@ def _winner(study: Study, row: Row, info: SweepInfo, space: SearchSpace, folder:
             {"top": len(candidates), "seeds": protocol.recheck_seeds},
             {PARENT_TAG: info.parent_run_id, KIND_TAG: "final", SWEEP_TAG: info.name, STUDY_TAG: study.name},
         )
-        scores = _reevaluate(info, space, candidates, protocol.recheck_seeds, parent)
+        scores = reevaluate(info, space, candidates, protocol.recheck_seeds, parent)
         parent.close("FINISHED")
     else:
         scores = {candidates[0].number: [float(candidates[0].values[0])]}
@@ -241,14 +239,12 @@ def _final(study: Study, row: Row, info: SweepInfo, space: SearchSpace, winner: 
     fit(cfg, tags=tags, params={f"sampled.{k}": v for k, v in winner.params.items()})
 
 
-def final_runs(info: SweepInfo, study: str, row: str) -> list[Any]:
-    """The row's FINISHED final runs (MLflow ``Run`` objects), by seed."""
-    client = MlflowClient(info.tracking_uri)
-    experiment = client.get_experiment_by_name(info.experiment)
-    runs = client.search_runs([experiment.experiment_id],
-                              f"tags.`{STUDY_TAG}` = '{study}' and tags.`{ROW_TAG}` = '{row}' "
-                              "and attributes.status = 'FINISHED'", max_results=10000)
-    return sorted(runs, key=lambda r: int(r.data.tags[SEED_TAG]))
+def final_runs(info: SweepInfo, study: str, row: str) -> list[tracking.RunSummary]:
+    """The row's FINISHED final runs, by seed."""
+    runs = tracking.matching_runs(info.tracking_uri, info.experiment,
+                                  f"tags.`{STUDY_TAG}` = '{study}' and tags.`{ROW_TAG}` = '{row}' "
+                                  "and attributes.status = 'FINISHED'")
+    return sorted(runs, key=lambda r: int(r.tags[SEED_TAG]))
 
 
 def build_table(study: Study, folder: Path) -> StudyTable:
@@ -257,12 +253,12 @@ def build_table(study: Study, folder: Path) -> StudyTable:
     for row in study.rows:
         info, _ = load_sweep(study.sweep_name(row), str(folder / "sweeps"))
         runs = final_runs(info, study.name, row.name)
-        cells = {m: Cell(m, tuple(r.data.metrics[m] for r in runs if m in r.data.metrics))
+        cells = {m: Cell(m, tuple(r.metrics[m] for r in runs if m in r.metrics))
                  for m in study.spec.protocol.metrics}
         hours, sources = device_hours(info)
         benchmark = row.spec.benchmark
         rows.append(TableRow(row.name, row.spec.task or row.space.base_config.data.path, row.spec.family,
-                             benchmark, info.name, cells, tuple(int(r.data.tags[SEED_TAG]) for r in runs),
+                             benchmark, info.name, cells, tuple(int(r.tags[SEED_TAG]) for r in runs),
                              hours, " and ".join(sources),
                              tuple(published(row.spec.family, benchmark)) if benchmark else ()))
     return StudyTable(study.name, list(study.spec.protocol.metrics), rows)
@@ -271,31 +267,19 @@ def build_table(study: Study, folder: Path) -> StudyTable:
 def device_hours(info: SweepInfo) -> tuple[float, list[str]]:
     """Device-hours of every training run of the sweep (trials, re-checks, finals): a run's
     ``cost/device_seconds`` where it logged one, else its wall time x its workers."""
-    client = MlflowClient(info.tracking_uri)
-    experiment = client.get_experiment_by_name(info.experiment)
     seconds, sources = 0.0, set()
-    for run in _all_runs(client, experiment.experiment_id):
-        if TRIAL_TAG not in run.data.tags:  # the sweep's and re-check's parent runs train nothing
+    for run in tracking.matching_runs(info.tracking_uri, info.experiment):
+        if TRIAL_TAG not in run.tags:  # the sweep's and re-check's parent runs train nothing
             continue
-        if DEVICE_SECONDS in run.data.metrics:
-            seconds += run.data.metrics[DEVICE_SECONDS]
+        if DEVICE_SECONDS in run.metrics:
+            seconds += run.metrics[DEVICE_SECONDS]
             sources.add(DEVICE_SECONDS)
         else:
-            end = run.info.end_time or run.info.start_time
-            workers = int(run.data.params.get("resources.num_workers", 1))
-            seconds += workers * (end - run.info.start_time) / 1000.0
+            end = run.end_ms or run.start_ms
+            workers = int(run.params.get("resources.num_workers", 1))
+            seconds += workers * (end - run.start_ms) / 1000.0
             sources.add(WALL_TIME)
     return seconds / 3600.0, sorted(sources)
-
-
-def _all_runs(client: MlflowClient, experiment_id: str) -> Iterator[Any]:
-    token = None
-    while True:
-        page = client.search_runs([experiment_id], max_results=1000, page_token=token)
-        yield from page
-        token = page.token
-        if not token:
-            return
 
 
 def write_table(table: StudyTable, folder: Path) -> None:
@@ -311,7 +295,7 @@ def write_page(study: Study, table: StudyTable, folder: Path) -> Path:
     curves = {}
     for row in study.rows:
         info, _ = load_sweep(study.sweep_name(row), str(folder / "sweeps"))
-        run_ids = [r.info.run_id for r in final_runs(info, study.name, row.name)]
+        run_ids = [r.run_id for r in final_runs(info, study.name, row.name)]
         curves[row.name] = seed_curves(info.tracking_uri, run_ids, table.metrics[0])
     return write_study(table, curves, folder / REPORT_FILE)
 

@@ -93,17 +93,36 @@ def export_best(name: str, root: str = DEFAULT_ROOT, out: str = "",
     return trial, path, text
 
 
-def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
-          overrides: list[str] | None = None, model_name: str = "",
-          scale_up_s: float = 0.0, verbose: bool = False, live: bool = False,
-          pick: int | None = None) -> FinalOutcome:
-    """Re-evaluate the top configs over seeds, train the winner at full length, register it.
+@dataclass(frozen=True)
+class FinalRequest:
+    """What ``final`` trains. ``top``/``seeds`` 0: the space's ``final`` section. ``pick``: the
+    Pareto front's trial to train (re-checked over its seeds alone); without it a sweep with
+    several objectives re-checks the front's most accurate ``top`` members. ``overrides``: applied
+    to the winner's run at full length. ``model_name``: the registered model (default
+    ``urm-ray-NAME``)."""
 
-    ``pick``: the Pareto front's trial to train (re-checked over its seeds alone); without it a
-    sweep with several objectives re-checks the front's most accurate ``top`` members.
-    ``scale_up_s`` > 0: ask the autoscaler for the nodes of each stage and wait that long.
-    ``verbose``: show Ray's output. ``live``: progress bars on stderr (a terminal), else lines.
-    """
+    seeds: int = 0
+    top: int = 0
+    pick: int | None = None
+    overrides: tuple[str, ...] = ()
+    model_name: str = ""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a stage runs on the cluster. ``scale_up_s`` > 0: ask the autoscaler for the nodes of
+    each stage and wait that long. ``verbose``: show Ray's output. ``live``: progress bars on
+    stderr (a terminal), else lines."""
+
+    scale_up_s: float = 0.0
+    verbose: bool = False
+    live: bool = False
+
+
+def final(name: str, root: str = DEFAULT_ROOT, request: FinalRequest = FinalRequest(),
+          launch: Launch = Launch()) -> FinalOutcome:
+    """Re-evaluate the top configs over seeds, train the winner at full length, register it."""
+    pick, top, model_name = request.pick, request.top, request.model_name
     if pick is not None and top:
         raise ConfigError(f"--pick {pick} and --top {top}: --pick trains one chosen trial, --top "
                           "re-checks the best ones; give one of them")
@@ -115,18 +134,18 @@ def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
                           f"`urm-ray best {name}` prints them, `urm-ray eval {space.spec.checkpoint} --width ...` "
                           "applies them")
     candidates = top_trials(info, space, top or space.spec.final.top, pick)
-    seeds = seeds or space.spec.final.seeds
+    seeds = request.seeds or space.spec.final.seeds
     if not ray.is_initialized():
-        init_ray(verbose=verbose)
+        init_ray(verbose=launch.verbose)
     parent = tracking.Run.open(
         info.tracking_uri, info.experiment, f"{name}-final",
-        {"top": len(candidates), "seeds": seeds, "overrides": " ".join(overrides or [])},
+        {"top": len(candidates), "seeds": seeds, "overrides": " ".join(request.overrides)},
         {tracking.PARENT_TAG: info.parent_run_id, KIND_TAG: "final", SWEEP_TAG: name},
     )
     if len(candidates) > 1 or seeds > 1:
         bundles = trial_bundles(space.spec.resources, len(candidates) * seeds)
-        with scaled_up(bundles, scale_up_s):
-            scores = _reevaluate(info, space, candidates, seeds, parent, live)
+        with scaled_up(bundles, launch.scale_up_s):
+            scores = reevaluate(info, space, candidates, seeds, parent, launch.live)
     else:
         logger.info("final: one config, one seed: its sweep result %s = %s stands, no re-check",
                     space.metric, candidates[0].values[0])
@@ -135,8 +154,8 @@ def final(name: str, root: str = DEFAULT_ROOT, seeds: int = 0, top: int = 0,
     winner = max(candidates, key=lambda t: sign * statistics.fmean(scores[t.number]))
     logger.info("final stage 2/2: training the winner t%03d (mean %s %.4f over %d seed(s))", winner.number,
                 space.metric, statistics.fmean(scores[winner.number]), len(scores[winner.number]))
-    outcome = _train_winner(info, space, winner, overrides or [], parent,
-                            model_name or f"urm-ray-{name}", scale_up_s, live)
+    outcome = _train_winner(info, space, winner, list(request.overrides), parent,
+                            model_name or f"urm-ray-{name}", launch)
     outcome.scores = scores
     _log_scores(info, space, parent, scores, winner.number)
     parent.close("FINISHED")
@@ -167,7 +186,7 @@ def _seed_run(config: dict[str, Any], runs: dict[str, tuple[int, dict[str, Any]]
         ray.tune.report({metric: result.metrics.get(metric, float("nan"))})
 
 
-def _reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTrial], seeds: int,
+def reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTrial], seeds: int,
                 parent: tracking.Run, live: bool = False) -> dict[int, list[float]]:
     """Each candidate at the sweep's trial length with seeds base+1..base+K, run like trials."""
     from urm_ray.tune.resources import plan
@@ -207,8 +226,7 @@ def _reevaluate(info: SweepInfo, space: SearchSpace, candidates: list[FrozenTria
 
 
 def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, overrides: list[str],
-                  parent: tracking.Run, model_name: str, scale_up_s: float = 0.0,
-                  live: bool = False) -> FinalOutcome:
+                  parent: tracking.Run, model_name: str, launch: Launch) -> FinalOutcome:
     from urm_ray.train.driver import fit
     from urm_ray.evaluate import load_checkpoint
 
@@ -224,8 +242,8 @@ def _train_winner(info: SweepInfo, space: SearchSpace, winner: FrozenTrial, over
     tags = {tracking.PARENT_TAG: parent.id, KIND_TAG: "final", SWEEP_TAG: info.name,
             TRIAL_TAG: str(winner.number)}
     params = {f"sampled.{k}": v for k, v in winner.params.items()}
-    with Progress(f"final t{winner.number:03d}", cfg.train.steps, unit="steps", live=live) as progress:
-        result = fit(cfg, tags=tags, params=params, scale_up_s=scale_up_s, progress=progress)
+    with Progress(f"final t{winner.number:03d}", cfg.train.steps, unit="steps", live=launch.live) as progress:
+        result = fit(cfg, tags=tags, params=params, scale_up_s=launch.scale_up_s, progress=progress)
         version = None
         if result.checkpoint_path and result.mlflow_run_id:
             logger.info("final: registering its model as %r", model_name)

@@ -57,18 +57,9 @@ def measured(tracking_uri: str, experiment: str, run_name: str, workers: int) ->
 
 
 def _add(tracking_uri: str, experiment: str, run_name: str, spent: dict[str, float]) -> None:
-    run_id = tracking.find_run_id(tracking_uri, experiment, run_name)
-    if run_id is None:  # failed before its run was opened
-        return
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    for key, value in spent.items():
-        # one step per attempt of the trial (a retry, a resume), each logged once; the latest
-        # value is the total
-        history = client.get_metric_history(run_id, key)
-        before = max(history, key=lambda m: m.step).value if history else 0.0
-        client.log_metric(run_id, key, before + value, step=len(history))
+    run = tracking.Run.find(tracking_uri, experiment, run_name)
+    if run is not None:  # None: failed before its run was opened
+        run.accumulate(spent)  # one step per attempt of the trial (a retry, a resume)
 
 
 def trial_costs(info: SweepInfo) -> dict[int, dict[str, float]]:

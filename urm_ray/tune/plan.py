@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from urm_ray.config import RunConfig, replace
+from urm_ray.config import RunConfig, overridden
 from urm_ray.errors import ConfigError
 from urm_ray.models.task import TaskSpec
 from urm_ray.train.memory import FITS, GPUS, MIB, StepMemory, step_memory
@@ -78,7 +78,7 @@ def heaviest(space: SearchSpace) -> RunConfig:
         if param.key.startswith("model.") and param.kind.endswith("int"):
             low, high = param.bounds(space.env(values))
             values[param.key] = low if param.key in FEWER_IS_HEAVIER else high
-    return replace(space.base_config, [f"{key}={int(value)}" for key, value in values.items()])
+    return overridden(space.base_config, [f"{key}={int(value)}" for key, value in values.items()])
 
 
 def task_shape(cfg: RunConfig, seq_len: int, vocab: int, puzzles: int) -> TaskSpec:
@@ -88,7 +88,7 @@ def task_shape(cfg: RunConfig, seq_len: int, vocab: int, puzzles: int) -> TaskSp
     from urm_ray.data import builtin, stream
 
     try:
-        data = replace(cfg, [f"data.path={builtin.resolve_path(cfg.data.path)}"]).data
+        data = overridden(cfg, [f"data.path={builtin.resolve_path(cfg.data.path)}"]).data
         meta = stream.load_meta(data)
         return TaskSpec(meta.vocab_size, meta.seq_len, stream.puzzle_table_size(meta, data))
     except (ConfigError, ValueError) as err:

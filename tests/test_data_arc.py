@@ -537,7 +537,7 @@ def test_eval_cli_on_a_checkpoint_logs_to_mlflow(small, tmp_path, capsys):
     assert metrics["arc/predictions"] == 4 and report["tasks"]
     run_id = tracking.find_run_id(uri, "arc-test", "arc-tiny/eval-test")
     assert run_id == printed["mlflow_run_id"]
-    logged = tracking.run_summary(uri, run_id).metrics
+    logged = tracking.Run(uri, run_id).summary().metrics
     assert logged["arc/pass_at_2"] == metrics["arc/pass_at_2"]
 
 

@@ -30,12 +30,12 @@ def test_beating_writes_the_time_until_the_block_ends(tmp_path: Path):
     run_id = tracking.open_run(uri, "hb", "alive", {})
     before = time.time()
     with heartbeat.beating(tracking.Run(uri, run_id), every_s=0.05):
-        first = float(tracking.run_summary(uri, run_id).tags[HEARTBEAT_TAG])
+        first = float(tracking.Run(uri, run_id).summary().tags[HEARTBEAT_TAG])
         time.sleep(1.5)
-    last = float(tracking.run_summary(uri, run_id).tags[HEARTBEAT_TAG])  # a beat may land up to the exit
+    last = float(tracking.Run(uri, run_id).summary().tags[HEARTBEAT_TAG])  # a beat may land up to the exit
     assert before - 1 <= first < last  # beats at once, then again
     time.sleep(0.3)
-    assert float(tracking.run_summary(uri, run_id).tags[HEARTBEAT_TAG]) == last  # none after the block
+    assert float(tracking.Run(uri, run_id).summary().tags[HEARTBEAT_TAG]) == last  # none after the block
     with heartbeat.beating(tracking.NullRun()):  # tracking off: nothing to beat on
         pass
 
@@ -48,7 +48,7 @@ def test_a_killed_driver_shows_as_lost_and_its_resume_says_so(tmp_path: Path, ca
     run_id = driver.stdout.readline().strip()
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait(timeout=30)
-    run = tracking.run_summary(uri, run_id)
+    run = tracking.Run(uri, run_id).summary()
     assert run.status == "RUNNING" and HEARTBEAT_TAG in run.tags  # what MLflow alone would show
 
     doomed = [line for line in list_runs(uri, "hb").splitlines() if " doomed " in line]
@@ -59,9 +59,9 @@ def test_a_killed_driver_shows_as_lost_and_its_resume_says_so(tmp_path: Path, ca
     placeholder = [line for line in list_runs(uri, "hb", now=later).splitlines() if "placeholder" in line]
     assert "RUNNING" in placeholder[0] and "lost" not in placeholder[0]  # never beat: not judged
 
-    tracking.set_tags(uri, run_id, {HEARTBEAT_TAG: f"{time.time() - heartbeat.STALE_S - 60:.0f}"})
+    tracking.Run(uri, run_id).set_tags({HEARTBEAT_TAG: f"{time.time() - heartbeat.STALE_S - 60:.0f}"})
     with caplog.at_level(logging.WARNING, logger="urm_ray.heartbeat"):
         heartbeat.warn_if_lost(tracking.Run.find(uri, "hb", "doomed"))
     assert "doomed was left RUNNING by a driver that stopped beating 6 min ago (driver lost)" in caplog.text
-    tracking.close_run(uri, run_id, "FINISHED")
-    assert not heartbeat.lost("FINISHED", tracking.run_summary(uri, run_id).tags)
+    tracking.Run(uri, run_id).close("FINISHED")
+    assert not heartbeat.lost("FINISHED", tracking.Run(uri, run_id).summary().tags)

@@ -58,7 +58,7 @@ def sweep(tmp_path_factory) -> tuple[str, Path, str]:
                                      user_attrs={"fate": fate, "last_step": max(curve)}))
         run_id = tracking.open_run(uri, info.experiment, f"qs-t{i:03d}", {},
                                    {tracking.PARENT_TAG: info.parent_run_id, TRIAL_TAG: str(i)})
-        tracking.log_metrics(uri, run_id, {cost.DEVICE_SECONDS: 900.0 * len(evals)}, 1)
+        tracking.Run(uri, run_id).log_metrics({cost.DEVICE_SECONDS: 900.0 * len(evals)}, 1)
     assert main(["report", "qs", "--dir", str(root)]) == 0
     return uri, root, info.parent_run_id
 

@@ -78,7 +78,7 @@ def test_a_resume_may_raise_the_step_count_but_not_change_the_model(ray_local, t
 def _running(tmp_path: Path, beat_age_s: float, driver: str) -> str:
     """The MLflow run ``r`` as a driver left it: RUNNING, beating ``beat_age_s`` ago."""
     run_id = tracking.open_run(_uri(tmp_path), "resume", "r", {})
-    tracking.set_tags(_uri(tmp_path), run_id, {HEARTBEAT_TAG: f"{time.time() - beat_age_s:.0f}",
+    tracking.Run(_uri(tmp_path), run_id).set_tags({HEARTBEAT_TAG: f"{time.time() - beat_age_s:.0f}",
                                                DRIVER_TAG: driver})
     return run_id
 
@@ -116,7 +116,7 @@ def test_a_run_training_elsewhere_is_refused(ray_local, tmp_path: Path, sudoku4:
     assert "Wait for it to end, or start another train.run_name" in message
     assert MlflowClient(_uri(tmp_path)).get_run(run_id).info.status == "RUNNING"
     # the lock released (its holder ended), a fresh beat from another host still refuses
-    tracking.set_tags(_uri(tmp_path), run_id, {DRIVER_TAG: "elsewhere:123"})
+    tracking.Run(_uri(tmp_path), run_id).set_tags({DRIVER_TAG: "elsewhere:123"})
     with pytest.raises(ConfigError, match="training now on elsewhere, pid 123"):
         fit(_config(tmp_path, sudoku4))
 

@@ -37,7 +37,7 @@ def test_open_run_reuses_the_named_run(tmp_path: Path):
     first = tracking.open_run(uri, "exp", "run-a", {"model.loops": 8, "betas": (0.9, 0.95)})
     tracker = tracking.run_of(uri, first).tracker(True)
     tracker.log({"train/loss": 1.5}, step=3)
-    tracking.close_run(uri, first)
+    tracking.Run(uri, first).close()
     again = tracking.open_run(uri, "exp", "run-a", {"model.loops": 8})
     other = tracking.open_run(uri, "exp", "run-b", {})
     assert again == first and other != first
@@ -91,7 +91,7 @@ def test_log_dataset_records_one_input_that_mlflow_reads_back(tmp_path: Path, mo
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     run_id = tracking.open_run(uri, "exp", "run", {})
     for _ in range(2):  # a resumed run logs it again
-        tracking.log_dataset(uri, run_id, "sudoku4", "/data/sudoku4", "0123abcd", {"task": "sudoku"})
+        tracking.Run(uri, run_id).log_dataset("sudoku4", "/data/sudoku4", "0123abcd", {"task": "sudoku"})
     inputs = MlflowClient(uri).get_run(run_id).inputs.dataset_inputs
     assert len(inputs) == 1
     assert [(t.key, t.value) for t in inputs[0].tags] == [("mlflow.data.context", "training")]

@@ -25,7 +25,7 @@ def info(tmp_path: Path) -> SweepInfo:
     for number, device_s in enumerate((1800.0, 5400.0)):
         tags = {tracking.PARENT_TAG: made.parent_run_id, TRIAL_TAG: str(number)}
         run_id = tracking.open_run(uri, made.experiment, f"qs-t{number:03d}", {}, tags)
-        tracking.log_metrics(uri, run_id, {cost.DEVICE_SECONDS: device_s, cost.CPU_SECONDS: 60.0}, 1)
+        tracking.Run(uri, run_id).log_metrics({cost.DEVICE_SECONDS: device_s, cost.CPU_SECONDS: 60.0}, 1)
     return made
 
 

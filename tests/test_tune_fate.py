@@ -26,9 +26,9 @@ def sweep(tmp_path: Path):
                                ("s-t004", "FINISHED", None)]:
         run_id = tracking.open_run(uri, "sweep-s", name, {}, {PARENT_TAG: parent, KIND_TAG: "trial"})
         if fate:
-            tracking.set_tags(uri, run_id, {FATE_TAG: fate})
+            tracking.Run(uri, run_id).set_tags({FATE_TAG: fate})
         if status != "RUNNING":
-            tracking.close_run(uri, run_id, status)
+            tracking.Run(uri, run_id).close(status)
         runs[name] = run_id
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'optuna.db'}", study_name="s")
     study.tell(study.ask(), 0.5)

@@ -15,6 +15,6 @@ def open_runs_on_one_dataset(uri: str, run_name: str, rounds: int, barrier: Any,
         barrier.wait(timeout=60)  # a peer that died ends this one too, instead of a hang
         try:
             run_id = tracking.open_run(uri, f"race-{k:03d}", run_name, {})
-            tracking.log_dataset(uri, run_id, "sudoku4", "/data/sudoku4", f"d{k:03d}", {"task": "sudoku"})
+            tracking.Run(uri, run_id).log_dataset("sudoku4", "/data/sudoku4", f"d{k:03d}", {"task": "sudoku"})
         except Exception as err:  # noqa: BLE001 - the parent test reports it
             failures.put(repr(err)[:300])

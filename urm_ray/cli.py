@@ -301,7 +301,17 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     _command(sub, "presets", "list shipped training configs").set_defaults(func=_presets)
+    _train_parsers(sub)
+    _eval_parsers(sub)
+    _sweep_parsers(sub)
+    _study_parsers(sub)
+    data = _command(sub, "data", "build a dataset").add_subparsers(dest="task", required=True)
+    for task in registry.TASKS.values():
+        task.add_builder(data)
+    return parser
 
+
+def _train_parsers(sub: argparse._SubParsersAction) -> None:
     train = _command(sub, "train", "train one run (resumes when train.run_name exists)")
     train.add_argument("config", help="YAML path or preset name (see `urm-ray presets`)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.loops=8")
@@ -319,6 +329,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--puzzles", type=int, default=1, help="puzzle-embedding rows (default: the dataset's)")
     pl.set_defaults(func=_plan)
 
+
+def _eval_parsers(sub: argparse._SubParsersAction) -> None:
     ev = _command(sub, "eval", "evaluate a checkpoint folder on its held-out split")
     ev.add_argument("checkpoint")
     ev.add_argument("--split", default="", help="split to evaluate (default: data.eval_split)")
@@ -363,8 +375,8 @@ def _parser() -> argparse.ArgumentParser:
     sa.add_argument("--boards", action="store_true", help="also print every sampled board")
     sa.set_defaults(func=_sample)
 
-    _sweep_parsers(sub)
 
+def _study_parsers(sub: argparse._SubParsersAction) -> None:
     st = _command(sub, "study", "run a study: its rows' sweeps, re-checks and finals, then its results table")
     st.add_argument("study", help="study YAML (studies/*.yaml)")
     st.add_argument("--resume", action="store_true",
@@ -382,11 +394,6 @@ def _parser() -> argparse.ArgumentParser:
     runs.add_argument("--experiment", default="", help="only this MLflow experiment")
     runs.add_argument("--limit", type=int, default=50, help="the newest N runs (default 50)")
     runs.set_defaults(func=_runs)
-
-    data = _command(sub, "data", "build a dataset").add_subparsers(dest="task", required=True)
-    for task in registry.TASKS.values():
-        task.add_builder(data)
-    return parser
 
 
 def _sweep_parsers(sub: argparse._SubParsersAction) -> None:

@@ -364,10 +364,6 @@ def open_run(
     return run.info.run_id
 
 
-def close_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
-    Run(tracking_uri, run_id).close(status)
-
-
 def find_run(client: MlflowClient, experiment_id: str, run_name: str) -> str | None:
     runs = client.search_runs(
         [experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'", max_results=1
@@ -621,10 +617,6 @@ def count_runs(tracking_uri: str, experiment: str) -> int:
     return len(client.search_runs([found.experiment_id], max_results=10000)) if found else 0
 
 
-def run_summary(tracking_uri: str, run_id: str) -> RunSummary:
-    return Run(tracking_uri, run_id).summary()
-
-
 def child_runs(tracking_uri: str, experiment: str, parent_run_id: str) -> list[RunSummary]:
     """Runs whose ``mlflow.parentRunId`` is ``parent_run_id``, oldest first."""
     client = _client(tracking_uri)
@@ -633,7 +625,7 @@ def child_runs(tracking_uri: str, experiment: str, parent_run_id: str) -> list[R
         return []
     runs = client.search_runs([found.experiment_id], f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
                               max_results=10000, order_by=["attributes.start_time ASC"])
-    return [run_summary(tracking_uri, r.info.run_id) for r in runs]
+    return [_summary(r, experiment) for r in runs]
 
 
 _PAGE = 500  # runs per search call when nested runs are skipped
@@ -700,22 +692,6 @@ def run_ui_url(tracking_uri: str, run_id: str, experiment: bool = False) -> str:
     """``ui_url`` of one run (``experiment``: of the runs of its experiment, e.g. a sweep's trials)."""
     run = _client(tracking_uri).get_run(run_id)
     return ui_url(tracking_uri, run.info.experiment_id, "" if experiment else run_id)
-
-
-# The writes below are ``Run``'s, for callers that hold a run id rather than its handle.
-
-
-def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
-    Run(tracking_uri, run_id).set_tags(tags)
-
-
-def log_metrics(tracking_uri: str, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
-    Run(tracking_uri, run_id).log_metrics(metrics, step)
-
-
-def log_artifact(tracking_uri: str, run_id: str, path: str | Path,
-                 artifact_path: str | None = None) -> None:
-    Run(tracking_uri, run_id).log_artifact(path, artifact_path)
 
 
 def register_torch_model(tracking_uri: str, run_id: str, model: Any, registered_name: str,

@@ -49,7 +49,7 @@ def publish(info: SweepInfo, space: SearchSpace) -> Path:
     costs = cost.trial_costs(info) if info.parent_run_id else {}
     path = sweep_report(info.name, study, space, info.path, costs, leaderboard(study, space, run_ids, costs))
     if info.parent_run_id:
-        tracking.log_artifact(info.tracking_uri, info.parent_run_id, path)
+        tracking.Run(info.tracking_uri, info.parent_run_id).log_artifact(path)
     return path
 
 

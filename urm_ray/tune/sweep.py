@@ -323,10 +323,10 @@ def finish(info: SweepInfo, space: SearchSpace) -> SweepOutcome:
     finished = sum(t.state.is_finished() for t in study.trials)
     costs = cost.trial_costs(info)
     best = report.write_report(study, space, info, costs)
-    tracking.log_metrics(info.tracking_uri, info.parent_run_id, cost.sweep_cost(info, costs))
+    tracking.Run(info.tracking_uri, info.parent_run_id).log_metrics(cost.sweep_cost(info, costs))
     capped = cost.cap_reached(info) if finished < space.spec.trials else ""
     status = "FINISHED" if finished >= space.spec.trials or capped else "KILLED"
-    tracking.close_run(info.tracking_uri, info.parent_run_id, status)
+    tracking.Run(info.tracking_uri, info.parent_run_id).close(status)
     return SweepOutcome(info.name, finished, space.spec.trials, best.values[0] if best else None,
                         str(info.path / report.BEST_FILE) if best else None, capped)
 

@@ -40,6 +40,7 @@ from urm_ray.train.evaluation import InRun
 from urm_ray.train import checkpoint
 from urm_ray.train.hosts import ProcessHost
 from urm_ray.train.live import Sender
+from urm_ray.train.batches import TrainBatches
 from urm_ray.train.loop import Loop, task_spec, torch_threads
 from urm_ray.objectives import objective_for
 from urm_ray.train.step import build_state, train_step
@@ -77,7 +78,8 @@ def one_trial(cfg, number: int) -> dict[str, float]:
         state = build_state(cfg, task_spec(cfg, meta), torch.device("cpu"), objective=objective_for(cfg, meta))
     loop = Loop(state, host, session.run.tracker(True), Sender(),
                 InRun.for_run(cfg, meta))
-    batches = loop._batches()
+    batches = TrainBatches(host.shard("train"), state.local_batch, state.position, cfg.data.shuffle_seed,
+                           cfg.data.shuffle_buffer, state.device)
     with t("first batch"):
         batch = next(batches)
     with t("training"):

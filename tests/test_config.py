@@ -14,9 +14,9 @@ from urm_ray.config import (
     build_config,
     flatten,
     load_config,
+    overridden,
     preset_names,
     renamed,
-    replace,
     with_values,
 )
 from urm_ray.data.config import DataConfig
@@ -48,7 +48,7 @@ def test_yaml_file_round_trip(tmp_path: Path):
     path.write_text(yaml.safe_dump(BASE))
     cfg = load_config(str(path), ["train.steps=7"])
     assert cfg.train.steps == 7
-    again = replace(cfg, [])
+    again = overridden(cfg, [])
     assert flatten(again) == flatten(cfg)
     assert flatten(cfg)["model.loops"] == 4
 

@@ -18,7 +18,6 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from urm_ray.cluster import ray_train_defaults
 from urm_ray.config import RunConfig
 from urm_ray.data import stream
-from urm_ray.data.store import DatasetMeta
 from urm_ray.errors import ConfigError
 from urm_ray.progress import Progress
 from urm_ray.train.live import watching

@@ -54,7 +54,7 @@ def bench_builders(args: argparse.Namespace, tmp: Path) -> None:
     if args.only in ("", "maze"):
         _timed(f"maze 30x30 min_path=110 unique ({args.mazes} mazes)", args.mazes,
                lambda: maze.build_generated(tmp / "m", 30, args.mazes // 2,
-                                            args.mazes - args.mazes // 2, min_path=110))
+                                            args.mazes - args.mazes // 2, maze.Filter(min_path=110)))
     if args.only in ("", "coloring"):
         _timed(f"coloring n=12 k=3 ({args.graphs} graphs)", args.graphs,
                lambda: coloring.build_generated(tmp / "c", 12, 3, args.graphs - 1000, 1000))
@@ -65,7 +65,7 @@ def bench_builders(args: argparse.Namespace, tmp: Path) -> None:
 
 
 def bench_verifiers(tmp: Path) -> None:
-    inputs, labels = next(maze.generate_mazes(30, 256, min_path=110, seed=1))
+    inputs, labels = next(maze.generate_mazes(30, 256, maze.Filter(min_path=110), seed=1))
     cases = {
         "maze 30x30": (inputs, labels),
         "coloring n=12": next(coloring.generate_graphs(12, 4096, colors=3, edge_prob=0.4)),

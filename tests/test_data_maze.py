@@ -52,8 +52,8 @@ def _check_label(inputs: np.ndarray, labels: np.ndarray, n: int) -> int:
 
 
 def _generate(count=12, seed=0, **kwargs):
-    kwargs = {"min_path": 20, **kwargs}
-    chunks = list(maze.generate_mazes(N, count, seed=seed, **kwargs))
+    keep = maze.Filter(**{"min_path": 20, **kwargs})
+    chunks = list(maze.generate_mazes(N, count, keep, seed=seed))
     return np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks])
 
 
@@ -92,16 +92,16 @@ def test_generation_is_seeded_and_distinct_up_to_symmetry():
 def test_impossible_filter_gives_up_with_the_numbers():
     # a 5x5 corridor maze has 9 rooms: no path is longer than 16 moves
     with pytest.raises(DataError, match=r"0/2 mazes passed the filter.*min_path=20"):
-        list(maze.generate_mazes(5, 2, min_path=20, max_candidates=512))
+        list(maze.generate_mazes(5, 2, maze.Filter(min_path=20), max_candidates=512))
     for kwargs, word in (({"min_path": 5, "max_path": 3}, "max_path=3"),
                          ({"min_path": 5, "loop_prob": 1.5}, "loop_prob=1.5"),
                          ({"min_path": 999}, "min_path=999")):
         with pytest.raises(ConfigError, match=word):
-            list(maze.generate_mazes(N, 1, **kwargs))
+            list(maze.generate_mazes(N, 1, maze.Filter(**kwargs)))
 
 
 def test_build_writes_splits_and_keeps_the_test_split_stable(tmp_path):
-    meta = maze.build_generated(tmp_path / "a", N, num_train=7, num_test=5, min_path=16, seed=1)
+    meta = maze.build_generated(tmp_path / "a", N, num_train=7, num_test=5, keep=maze.Filter(min_path=16), seed=1)
     assert (meta.task, meta.vocab_size, meta.seq_len, meta.augmentation) == ("maze", 6, N * N,
                                                                             "dihedral")
     assert meta.build["arguments"]["min_path"] == 16
@@ -110,7 +110,7 @@ def test_build_writes_splits_and_keeps_the_test_split_stable(tmp_path):
     assert len(test["inputs"]) == 5 and train["puzzle_index"].tolist() == list(range(7))
     for split in (train, test):
         assert maze.valid_paths_mask(split["labels"], split["inputs"], N).all()
-    maze.build_generated(tmp_path / "b", N, num_train=2, num_test=5, min_path=16, seed=1)
+    maze.build_generated(tmp_path / "b", N, num_train=2, num_test=5, keep=maze.Filter(min_path=16), seed=1)
     assert np.array_equal(store.read_split(tmp_path / "b", "test")["inputs"], test["inputs"])
     keys = lambda s: {maze._dihedral_key(x.reshape(N, N)) for x in s["inputs"]}  # noqa: E731
     assert not keys(train) & keys(test)
@@ -118,7 +118,8 @@ def test_build_writes_splits_and_keeps_the_test_split_stable(tmp_path):
 
 def test_failed_build_leaves_nothing(tmp_path):
     with pytest.raises(DataError, match="passed the filter"):
-        maze.build_generated(tmp_path / "m", 5, num_train=1, num_test=1, min_path=20)
+        maze.build_generated(tmp_path / "m", 5, num_train=1, num_test=1,
+                            keep=maze.Filter(min_path=20))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -217,7 +218,7 @@ def test_ray_stream_augments_mazes_validly(ray_local, tmp_path):
     from urm_ray.data import stream
     from urm_ray.data.config import DataConfig
 
-    maze.build_generated(tmp_path / "m", N, num_train=6, num_test=2, min_path=16, seed=2)
+    maze.build_generated(tmp_path / "m", N, num_train=6, num_test=2, keep=maze.Filter(min_path=16), seed=2)
     ds = stream.train_dataset(DataConfig(path=str(tmp_path / "m"), num_augmentations=8))
     batches = list(stream.iter_torch_batches(ds, 16, shuffle=False))
     inputs, labels = (torch.cat([b[k] for b in batches]).numpy() for k in ("inputs", "labels"))

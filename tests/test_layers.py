@@ -109,3 +109,30 @@ def test_no_two_parts_of_the_package_import_each_other():
     new = [line for group, line in zip(loops, shown) if group not in STANDING]
     assert not new, "parts of urm_ray that import each other:\n" + "\n".join(new)
     assert [group for group in STANDING if group not in loops] == []  # mended: no longer standing
+
+
+def _functions() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.append((f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}", node))
+    return found
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Named parameters and *args / **kwargs, less a method's self or cls."""
+    args = node.args
+    names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+    count = len(names) + (args.vararg is not None) + (args.kwarg is not None)
+    return count - (bool(names) and names[0] in ("self", "cls"))
+
+
+def test_every_function_is_small_enough_to_read_at_once():
+    functions = _functions()
+    assert len(functions) > 500  # the walk sees the package
+    too_many = [f"{name}: {_parameters(node)} parameters" for name, node in functions
+                if _parameters(node) > 8]
+    too_long = [f"{name}: {node.end_lineno - node.lineno + 1} lines" for name, node in functions
+                if node.end_lineno - node.lineno + 1 > 60]
+    assert too_many == [] and too_long == [], "\n".join(too_many + too_long)

@@ -109,7 +109,7 @@ SUDOKU = {"hidden_size": 32, "num_heads": 2, "num_layers": 1, "expansion": 2.0, 
 def _sudoku(count: int, seed: int) -> dict:
     from urm_ray.data.tasks.sudoku import generate_puzzles
 
-    questions, solutions = generate_puzzles(4, count, blanks=2, seed=seed, progress_every_s=1e9)
+    questions, solutions = generate_puzzles(4, count, blanks=2, seed=seed)
     inputs = torch.from_numpy(questions).long() + 1  # tokens: digit + 1, blank 1
     return {"inputs": inputs, "labels": torch.from_numpy(solutions).long() + 1,
             "puzzle_identifiers": torch.zeros(count, dtype=torch.long)}

@@ -145,7 +145,7 @@ def test_maze_without_route_needs_an_empty_answer():
 
 
 def test_generated_maze_labels_pass_and_shifted_paths_fail():
-    inputs, labels = next(maze.generate_mazes(11, 4, min_path=20, seed=4))
+    inputs, labels = next(maze.generate_mazes(11, 4, maze.Filter(min_path=20), seed=4))
     assert _run("maze", labels, inputs, labels) == [True] * len(labels)
     broken, moved = labels.copy(), labels.copy()
     for row, other in zip(broken, moved):

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("urm_ray.progress")
 
+DATA_PROGRESS_EVERY_S = 5.0  # building a dataset: a plain progress line at most this often
+
 
 def format_duration(seconds: float) -> str:
     """``0:07``, ``12:03``, ``1:02:03`` (hours only when there are any)."""

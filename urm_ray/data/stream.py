@@ -163,12 +163,11 @@ def _augment_version_block(
     n = len(stored["inputs"])
     order = np.random.default_rng([seed, block]).permutation(n * len(augs))  # [N*A]
     rows, aug_index = order // len(augs), augs[order % len(augs)].astype(np.int32)
-    puzzle_index = stored["puzzle_index"][rows]
+    picked = {key: column[rows] for key, column in stored.items()}
     inputs, labels, identifiers = versions.augment(
-        stored["inputs"][rows], stored["labels"][rows], stored["puzzle_identifiers"][rows],
-        puzzle_index, aug_index, seed, prepared, num_augmentations, translate)
+        picked, aug_index, seed, prepared, num_augmentations, translate)
     return {"inputs": inputs, "labels": labels, "puzzle_identifiers": identifiers,
-            "puzzle_index": puzzle_index, "aug_index": aug_index}
+            "puzzle_index": picked["puzzle_index"], "aug_index": aug_index}
 
 
 def _versions_train_dataset(cfg: DataConfig, versions: Versions) -> ray.data.Dataset:

@@ -37,7 +37,7 @@ from urm_ray.data.store import (
 )
 from urm_ray.data.tasks.task import NumpyCheck, NumpySearch, PuzzleTask
 from urm_ray.errors import ConfigError, DataError
-from urm_ray.progress import Progress
+from urm_ray.progress import DATA_PROGRESS_EVERY_S, Progress
 
 PAD_TOKEN, NO_EDGE_TOKEN, EDGE_TOKEN, BLANK_TOKEN, COLOR0_TOKEN = range(5)
 IGNORE_LABEL = -100
@@ -95,7 +95,6 @@ def generate_graphs(
     edge_prob: float,
     seed: int = 0,
     max_candidates: int = 0,
-    progress_every_s: float = 5.0,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yields (inputs, labels) chunks [C, n*(n+1)] of distinct planted-colouring graphs until
     `count` are out. Memory: one chunk plus a 12-byte key per graph kept."""
@@ -105,7 +104,7 @@ def generate_graphs(
     seen: set[bytes] = set()
     drawn = kept = 0
     progress = Progress(f"coloring n={n} k={colors} generate", count, unit="graphs",
-                        every_s=progress_every_s)
+                        every_s=DATA_PROGRESS_EVERY_S)
     while kept < count:
         if drawn >= max_candidates:
             raise DataError(
@@ -149,7 +148,6 @@ def build_generated(
     edge_prob: float = 0.4,
     seed: int = 0,
     overwrite: bool = False,
-    progress_every_s: float = 5.0,
 ) -> DatasetMeta:
     """Generates distinct graphs and writes splits "test" then "train", streaming by chunks.
 
@@ -158,7 +156,7 @@ def build_generated(
         if value < 0:
             raise ConfigError(f"{name}={value} must be >= 0")
     chunks = generate_graphs(n, num_train + num_test, colors=colors, edge_prob=edge_prob,
-                             seed=seed, progress_every_s=progress_every_s)
+                             seed=seed)
     splits = split_chunk_stream(chunks, {"test": num_test, "train": num_train})
     args = {"n": n, "colors": colors, "num_train": num_train, "num_test": num_test,
             "edge_prob": edge_prob}

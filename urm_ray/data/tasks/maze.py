@@ -17,7 +17,7 @@ augmentation cannot turn a training maze into a test maze. Rooms and knocked-dow
 than random walls as in Searchformer: random-wall mazes keep their shortest paths too short to meet
 the papers' hardness (docs/experiments/data-choices.md).
 
-    build_generated("data/maze30", n=30, num_train=1000, num_test=1000, min_path=110, seed=0)
+    build_generated("data/maze30", n=30, num_train=1000, num_test=1000, keep=Filter(min_path=110))
     build_from_csv("data/maze-hard", "train.csv", "test.csv")     # the official CSVs
 """
 
@@ -29,6 +29,7 @@ import logging
 import math
 import os
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from urm_ray.data.store import (
 from urm_ray.data.tasks.puzzle_csv import char_matrix, read_csv_table, where
 from urm_ray.data.tasks.task import NumpyCheck, PuzzleTask, board_side
 from urm_ray.errors import ConfigError, DataError
-from urm_ray.progress import Progress
+from urm_ray.progress import DATA_PROGRESS_EVERY_S, Progress
 
 logger = logging.getLogger("urm_ray.data")
 
@@ -231,29 +232,35 @@ def _dihedral_key(maze: np.ndarray) -> bytes:
                for v in views)
 
 
+@dataclass(frozen=True)
+class Filter:
+    """Which drawn mazes are kept: a shortest path of at least `min_path` moves (and at most
+    `max_path`, 0 = no limit), with each wall between two rooms knocked down with `loop_prob`, and
+    with `unique_path` no second path as short."""
+
+    min_path: int
+    max_path: int = 0
+    loop_prob: float = 0.03
+    unique_path: bool = True
+
+
 def generate_mazes(
-    n: int,
-    count: int,
-    *,
-    min_path: int,
-    max_path: int = 0,
-    loop_prob: float = 0.03,
-    unique_path: bool = True,
-    seed: int = 0,
-    max_candidates: int = 0,
-    progress_every_s: float = 5.0,
+    n: int, count: int, keep: Filter, *, seed: int = 0, max_candidates: int = 0
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yields (inputs, labels) token chunks [C, n*n] uint8 until `count` mazes are out.
 
     Memory is bounded by one chunk of `_CANDIDATES` candidates plus one 12-byte key per maze kept
     (for distinctness). Gives up with a DataError after `max_candidates` draws (default: 2000 per
     maze asked for) when the filter is too strict for the grid."""
-    _check_arguments(n, count, min_path, max_path, loop_prob)
+    _check_arguments(n, count, keep)
+    min_path, max_path, loop_prob, unique_path = (keep.min_path, keep.max_path, keep.loop_prob,
+                                                  keep.unique_path)
     rng = np.random.default_rng(seed)
     max_candidates = max_candidates or 2000 * max(count, 1)
     seen: set[bytes] = set()
     drawn = kept = 0
-    progress = Progress(f"maze {n}x{n} generate", count, unit="mazes", every_s=progress_every_s)
+    progress = Progress(f"maze {n}x{n} generate", count, unit="mazes",
+                        every_s=DATA_PROGRESS_EVERY_S)
     while kept < count:
         if drawn >= max_candidates:
             raise DataError(
@@ -289,9 +296,8 @@ def generate_mazes(
     progress.finish(kept)
 
 
-def _check_arguments(
-    n: int, count: int, min_path: int, max_path: int, loop_prob: float
-) -> None:
+def _check_arguments(n: int, count: int, keep: Filter) -> None:
+    min_path, max_path, loop_prob = keep.min_path, keep.max_path, keep.loop_prob
     if not isinstance(n, int) or n < 2:
         raise ConfigError(f"n={n!r} must be an int >= 2")
     if count < 0:
@@ -309,14 +315,10 @@ def build_generated(
     n: int,
     num_train: int,
     num_test: int,
+    keep: Filter,
     *,
-    min_path: int,
-    max_path: int = 0,
-    loop_prob: float = 0.03,
-    unique_path: bool = True,
     seed: int = 0,
     overwrite: bool = False,
-    progress_every_s: float = 5.0,
 ) -> DatasetMeta:
     """Generates distinct mazes and writes splits "train" and "test", streaming chunk by chunk.
 
@@ -325,12 +327,8 @@ def build_generated(
     for name, value in (("num_train", num_train), ("num_test", num_test)):
         if value < 0:
             raise ConfigError(f"{name}={value} must be >= 0")
-    args = {"n": n, "num_train": num_train, "num_test": num_test, "min_path": min_path,
-            "max_path": max_path, "loop_prob": loop_prob,
-            "unique_path": unique_path}
-    chunks = generate_mazes(n, num_train + num_test, min_path=min_path, max_path=max_path,
-                            loop_prob=loop_prob, unique_path=unique_path,
-                            seed=seed, progress_every_s=progress_every_s)
+    args = {"n": n, "num_train": num_train, "num_test": num_test, **asdict(keep)}
+    chunks = generate_mazes(n, num_train + num_test, keep, seed=seed)
     splits = split_chunk_stream(chunks, {"test": num_test, "train": num_train})
     build = {"builder": "maze.build_generated", "arguments": args, "seed": seed, "source": None}
     meta = DatasetMeta(task=TASK.name, vocab_size=VOCAB_SIZE, seq_len=n * n,
@@ -447,8 +445,8 @@ def _build_command(args: argparse.Namespace) -> None:
     else:
         build_generated(
             args.out, n=args.size, num_train=args.num_train, num_test=args.num_test,
-            min_path=args.min_path, max_path=args.max_path, loop_prob=args.loop_prob,
-            unique_path=args.unique_path, seed=args.seed, overwrite=args.overwrite,
+            keep=Filter(args.min_path, args.max_path, args.loop_prob, args.unique_path),
+            seed=args.seed, overwrite=args.overwrite,
         )
     print(f"wrote {args.out}")
 

@@ -36,7 +36,7 @@ from urm_ray.data.tasks.sudoku_solver import BOX_SHAPES, geometry, make_puzzle, 
 from urm_ray.data.tasks.matching import keeping_givens, matched_search
 from urm_ray.data.tasks.task import NumpyCheck, NumpySearch, PuzzleTask, board_side
 from urm_ray.errors import ConfigError, DataError
-from urm_ray.progress import Progress
+from urm_ray.progress import DATA_PROGRESS_EVERY_S, Progress
 
 logger = logging.getLogger("urm_ray.data")
 
@@ -96,7 +96,6 @@ def generate_puzzles(
     blanks: int,
     seed: int,
     max_failures: int = 1000,
-    progress_every_s: float = 5.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`count` unique-solution puzzles with exactly `blanks` blanks, distinct up to renaming digits.
 
@@ -106,7 +105,8 @@ def generate_puzzles(
     rng = np.random.default_rng(seed)
     seen: set[bytes] = set()
     questions, solutions, failures = [], [], 0
-    progress = Progress(f"sudoku {n}x{n} generate", count, unit="puzzles", every_s=progress_every_s)
+    progress = Progress(f"sudoku {n}x{n} generate", count, unit="puzzles",
+                        every_s=DATA_PROGRESS_EVERY_S)
     while len(questions) < count:
         solution = random_solution(n, rng)
         puzzle = make_puzzle(solution, n, blanks, rng)
@@ -172,7 +172,6 @@ def build_generated(
     *,
     num_augmentations: int = 0,
     overwrite: bool = False,
-    progress_every_s: float = 5.0,
 ) -> DatasetMeta:
     """Generates `num_train + num_test` distinct puzzles and writes splits "train" and "test".
 
@@ -183,7 +182,7 @@ def build_generated(
             raise ConfigError(f"{name}={value} must be >= 0")
     total = num_train + num_test
     questions, solutions = generate_puzzles(
-        size, total, blanks, seed, progress_every_s=progress_every_s
+        size, total, blanks, seed
     )
     splits = {
         "train": _split_columns(questions[:num_train], solutions[:num_train], np.arange(num_train)),

@@ -39,7 +39,7 @@ import numpy as np
 
 from urm_ray.data.store import DatasetMeta, check_output_folder, write_dataset
 from urm_ray.errors import ConfigError, DataError
-from urm_ray.progress import Progress
+from urm_ray.progress import DATA_PROGRESS_EVERY_S, Progress
 
 logger = logging.getLogger("urm_ray.data")
 
@@ -323,7 +323,7 @@ def _collect(tasks: list[Task], test_set: str) -> _Collected:
 
 
 def _read_tasks(source: Path, subsets: list[str], test_set: str, prefix: str,
-                progress_every_s: float, max_tasks: int = 0
+                max_tasks: int = 0
                 ) -> tuple[list[Task], list[dict[str, str]]]:
     """Tasks of every subset, in subset order (the first `max_tasks` of each by name, 0 = all); a
     name seen twice keeps the test-set copy (so no test pair leaks into training), else the first."""
@@ -335,7 +335,7 @@ def _read_tasks(source: Path, subsets: list[str], test_set: str, prefix: str,
                 raise ConfigError(f"num_tasks={max_tasks} is more than the {count} tasks of subset"
                                   f" {subset!r}: give at most {count}, or 0 for all")
             count, tasks = max_tasks, itertools.islice(tasks, max_tasks)
-        progress = Progress(f"arc {subset}", count, unit="tasks", every_s=progress_every_s)
+        progress = Progress(f"arc {subset}", count, unit="tasks", every_s=DATA_PROGRESS_EVERY_S)
         by_subset[subset] = []
         for task in tasks:
             by_subset[subset].append(task)
@@ -364,7 +364,6 @@ def build(
     prefix: str = "arc-agi",
     overwrite: bool = False,
     num_tasks: int = 0,
-    progress_every_s: float = 5.0,
 ) -> DatasetMeta:
     """Reads `subsets` from `source` and writes splits "train" and "test" plus `arc_tasks.json`.
 
@@ -381,7 +380,7 @@ def build(
         raise ConfigError(f"test_set={test_set!r} must be one of the subsets {subsets}")
     if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 0:
         raise ConfigError(f"num_tasks={num_tasks!r} must be an int >= 0 (0 = every task)")
-    tasks, dropped = _read_tasks(source, subsets, test_set, prefix, progress_every_s, num_tasks)
+    tasks, dropped = _read_tasks(source, subsets, test_set, prefix, num_tasks)
     got = _collect(tasks, test_set)
     splits = {
         split: {

@@ -16,13 +16,14 @@ so the puzzle-embedding table is as large as the official one when K = official 
 Training may also translate each pair on the canvas (same shift for input and output, drawn per
 (pair, a)); evaluation does not.
 
-    inputs, labels, ids = augment(inputs, labels, ids, pairs, aug, seed, table, K, True)
+    inputs, labels, ids = augment(rows, aug, seed, table, K, True)   # rows: a split's columns
     canonical = invert(predictions, ids, aug, seed, table)      # back to the original task
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -261,11 +262,14 @@ def identifiers_for(identifiers: np.ndarray, aug_index: np.ndarray, num_augmenta
     return (1 + (identifiers.astype(np.int64) - 1) * num_augmentations + aug_index).astype(np.int32)
 
 
-def augment(inputs: np.ndarray, labels: np.ndarray, identifiers: np.ndarray, pairs: np.ndarray,
-            aug_index: np.ndarray, seed: int, table: TaskTable, num_augmentations: int,
-            translate_grids: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def augment(rows: Mapping[str, np.ndarray], aug_index: np.ndarray, seed: int, table: TaskTable,
+            num_augmentations: int, translate_grids: bool
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Augmented (inputs [B, 900], labels [B, 900], augmented puzzle identifiers [B]) of stored
-    rows with task identifiers [B], pair numbers [B] and aug indices [B] < num_augmentations."""
+    `rows` (a split's columns "inputs", "labels", task identifiers "puzzle_identifiers" and pair
+    numbers "puzzle_index", [B] each) in aug indices [B] < num_augmentations."""
+    inputs, labels = rows["inputs"], rows["labels"]
+    identifiers, pairs = rows["puzzle_identifiers"], rows["puzzle_index"]
     assert (np.asarray(aug_index) < num_augmentations).all(), "aug index beyond the table"
     d, perm = draw_transforms(identifiers, aug_index, seed, table)
     in_cells, in_h, in_w = _dihedral_cells(d, *shapes(inputs))

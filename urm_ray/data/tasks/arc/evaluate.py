@@ -191,10 +191,9 @@ def _checked(data_cfg: DataConfig, voting: Voting) -> Voting:
 def _batch(mine: dict[str, np.ndarray], rows: np.ndarray, aug: np.ndarray, data_cfg: DataConfig,
            table: arc.TaskTable, device: str | torch.device) -> dict[str, torch.Tensor]:
     """The model's batch of stored ``rows`` in their versions ``aug`` (no translation, no labels)."""
-    inputs, _, model_ids = arc_augment.augment(
-        mine["inputs"][rows], mine["labels"][rows], mine["puzzle_identifiers"][rows],
-        mine["puzzle_index"][rows], aug, data_cfg.shuffle_seed, table, _slots(data_cfg),
-        translate_grids=False)
+    picked = {key: column[rows] for key, column in mine.items()}
+    inputs, _, model_ids = arc_augment.augment(picked, aug, data_cfg.shuffle_seed, table,
+                                               _slots(data_cfg), translate_grids=False)
     return {"inputs": torch.from_numpy(inputs.astype(np.int32)).to(device),
             "labels": torch.full(inputs.shape, -100, dtype=torch.long, device=device),
             "puzzle_identifiers": torch.from_numpy(model_ids).to(device)}

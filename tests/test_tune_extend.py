@@ -72,14 +72,17 @@ def extended(ray_local, sudoku_data, tmp_path_factory):
     info, space = create_sweep(str(root / "tiny.yaml"), overrides, name="ext", root=str(root))
     set_caps(info, price=2.0)
     clock = TrialClock()
+    actors_before = set(ray_local._private.state.actors())
     first = run_sweep(info, space, callbacks=[clock])
+    started = [actor["ActorClassName"] for key, actor in ray_local._private.state.actors().items()
+               if key not in actors_before]
     info, space = load_sweep("ext", str(root))
     with pytest.raises(ConfigError, match="--trials 1: sweep 'ext' has already started 2 trials"):
         extend(info, space, 1)
     space = extend(info, space, 4)
     second = run_sweep(info, space, resume=True)
     return {"root": root, "uri": uri, "data": data, "info": info, "first": first, "second": second,
-            "clock": clock, "overrides": overrides}
+            "clock": clock, "overrides": overrides, "started": started}
 
 
 def _children(uri, info):
@@ -100,6 +103,13 @@ def test_a_finished_sweep_extended_to_four_trials(extended):
         rows = list(csv.DictReader(handle))
     assert sorted(int(r["trial"]) for r in rows) == [0, 1, 2, 3]
     assert all(float(r["device_hours"]) > 0 for r in rows)
+
+
+def test_one_worker_trials_start_no_process_beside_their_trial_actor(extended):
+    # Ray Train's report callback would start a queue actor per trial; one worker trains in the
+    # trial actor (reused by the second trial) and reports to Tune directly
+    assert extended["started"].count("ImplicitFunc") == 1, extended["started"]
+    assert "_QueueActor" not in extended["started"], extended["started"]
 
 
 def test_each_trial_and_the_sweep_record_their_cost(extended):

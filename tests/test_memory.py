@@ -57,9 +57,10 @@ def kept_by_a_real_step(cfg, rows: int) -> int:
 
 
 @pytest.mark.parametrize("family", sorted(tiny.FAMILIES))
-@pytest.mark.parametrize("checkpointed", [False, True])
-def test_the_estimate_is_what_a_real_step_keeps(family: str, checkpointed: bool):
-    cfg = tiny.config(family, extra=("train.bf16=true", f"train.activation_checkpointing={str(checkpointed).lower()}"))
+@pytest.mark.parametrize(("checkpointed", "bf16_states"), [(False, False), (True, False), (False, True)])
+def test_the_estimate_is_what_a_real_step_keeps(family: str, checkpointed: bool, bf16_states: bool):
+    cfg = tiny.config(family, extra=("train.bf16=true", f"train.activation_checkpointing={str(checkpointed).lower()}",
+                                     f"model.bf16_states={str(bf16_states).lower()}"))
     estimate = step_memory(cfg, TaskSpec(6, 32, 5)).saved(8)
     real = kept_by_a_real_step(cfg, 8)
     assert abs(estimate - real) <= 0.1 * real, (estimate, real)
@@ -73,6 +74,14 @@ def test_the_estimate_grows_with_rows_tokens_and_passes_with_gradients():
     assert 1.4 * base.saved_per_row < longer.saved_per_row < 2.2 * base.saved_per_row  # + per-row parts
     deeper = step_memory(load_config("sudoku4-urm", ["model.loops=4", "model.truncation=0"]), SUDOKU)
     assert 1.7 * base.saved_per_row < deeper.saved_per_row < 2.3 * base.saved_per_row  # 4 passes, not 2
+
+
+def test_bf16_states_keep_a_fifth_less_of_arcs_step():
+    """The carry, the norms' outputs and the convolution's output in bf16 (counted, not timed)."""
+    plain = step_memory(load_config("arc1-urm"), ARC)
+    bf16 = step_memory(load_config("arc1-urm", ["model.bf16_states=true"]), ARC)
+    assert bf16.carry_per_row < plain.carry_per_row and bf16.state == plain.state
+    assert bf16.saved_per_row + bf16.carry_per_row <= 0.8 * (plain.saved_per_row + plain.carry_per_row)
 
 
 @pytest.mark.parametrize(("preset", "task", "gpu"), SHIPPED)

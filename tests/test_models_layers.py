@@ -153,9 +153,10 @@ def _conv_formula(u: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor) -> to
     return F.conv1d(padded, taps.unsqueeze(1), bias, groups=taps.shape[0]).transpose(1, 2)
 
 
-def _gated_conv_formula(gate_up: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def _gated_conv_formula(gate_up: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor,
+                        dtype: torch.dtype) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(_conv_formula(F.silu(gate) * up, taps, bias))
+    return F.silu(_conv_formula(F.silu(gate) * up, taps, bias).to(dtype))
 
 
 def _gate_formula(gate_up: torch.Tensor) -> torch.Tensor:
@@ -182,7 +183,7 @@ def _fused_cases(dtype: torch.dtype) -> list:
         cases += [
             (f"conv{kernel}", fused.CausalConvFunction, _conv_formula, (rand(2, 5, 6), rand(6, kernel), rand(6))),
             (f"gated_conv{kernel}", fused.GatedConvFunction, _gated_conv_formula,
-             (rand(2, 5, 12), rand(6, kernel), rand(6))),
+             (rand(2, 5, 12), rand(6, kernel), rand(6), dtype)),  # the output in the stream's dtype
         ]
     return cases
 
@@ -197,10 +198,12 @@ def test_fused_function_gradients_are_exact(case):
 @pytest.mark.parametrize("case", range(len(_fused_cases(torch.float32))))
 def test_fused_function_matches_its_formula(case: int, dtype: torch.dtype):
     """Values and gradients as autograd of the formula gives them, in the formula's dtypes
-    (bf16 inputs with float32 conv weights or RoPE tables compute in float32)."""
+    (bf16 inputs with float32 conv weights or RoPE tables compute in float32; the gated conv's
+    output is in the stream's dtype, bf16 for a bf16 stream)."""
     name, function, formula, inputs = _fused_cases(dtype)[case]
     if name.startswith("conv") or name.startswith("gated_conv"):  # weights stay float32 under autocast
-        inputs = (inputs[0], *(t.detach().float().requires_grad_() for t in inputs[1:]))
+        inputs = (inputs[0], *(t.detach().float().requires_grad_() if isinstance(t, torch.Tensor) else t
+                               for t in inputs[1:]))
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     out = function.apply(*inputs)
     expected = formula(*inputs)

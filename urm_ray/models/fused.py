@@ -58,12 +58,14 @@ def causal_conv(u: Tensor, taps: Tensor, bias: Tensor) -> Tensor:
     return CausalConvFunction.apply(u, taps, bias)
 
 
-def gated_conv(gate_up: Tensor, taps: Tensor, bias: Tensor) -> Tensor:
-    """URM's ConvSwiGLU core: silu(causal_conv(silu(gate) * up)) of gate_up [B, T, 2F] -> [B, T, F]."""
+def gated_conv(gate_up: Tensor, taps: Tensor, bias: Tensor, dtype: torch.dtype) -> Tensor:
+    """URM's ConvSwiGLU core: silu(causal_conv(silu(gate) * up)) of gate_up [B, T, 2F] -> [B, T, F].
+    The convolution is computed in the taps' dtype and its output kept in ``dtype`` (the residual
+    stream's: a bf16 stream keeps it in bf16, half the memory of float32)."""
     if torch.compiler.is_compiling():
         gate, up = gate_up.chunk(2, dim=-1)
-        return F.silu(_causal_conv_formula(F.silu(gate) * up, taps, bias))
-    return GatedConvFunction.apply(gate_up, taps, bias)
+        return F.silu(_causal_conv_formula(F.silu(gate) * up, taps, bias).to(dtype))
+    return GatedConvFunction.apply(gate_up, taps, bias, dtype)
 
 
 def _causal_conv_formula(u: Tensor, taps: Tensor, bias: Tensor) -> Tensor:
@@ -80,20 +82,22 @@ class RMSNormFunction(torch.autograd.Function):
     """y = x / sqrt(mean(x^2) + eps) over the last axis, in float32 (or x's wider dtype), cast
     back to x's dtype.
 
-    Backward: dx = (g - y * mean(g * y)) / rms; keeps y (float32) and 1 / rms [..., 1].
+    Backward: dx = (g - y * mean(g * y)) / rms, in float32; keeps the output y (in x's dtype: the
+    tensor the next layer also keeps, so a bf16 stream holds one bf16 copy) and 1 / rms [..., 1].
     """
 
     @staticmethod
     def forward(ctx: FunctionCtx, x: Tensor, eps: float) -> Tensor:
         x32 = x.to(torch.promote_types(x.dtype, torch.float32))
         rstd = torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)  # [..., 1]
-        y = x32 * rstd
+        y = (x32 * rstd).to(x.dtype)
         ctx.save_for_backward(y, rstd)
-        return y.to(x.dtype)
+        return y
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor, None]:
         y, rstd = ctx.saved_tensors
+        y = y.to(rstd.dtype)
         g = grad.to(y.dtype)
         dot = (g * y).mean(-1, keepdim=True)  # [..., 1]
         return torch.addcmul(g, y, dot, value=-1).mul_(rstd).to(grad.dtype), None
@@ -196,23 +200,25 @@ class CausalConvFunction(torch.autograd.Function):
 class GatedConvFunction(torch.autograd.Function):
     """URM's ConvSwiGLU core: silu(causal_conv(silu(gate) * up)) of gate_up [B, T, 2F] -> [B, T, F].
 
-    Keeps gate_up and the conv output. Backward recomputes silu(gate) * up instead of keeping it
+    Keeps gate_up and the conv output (in the stream's dtype). Backward recomputes silu(gate) * up instead of keeping it
     (it needs silu(gate) for up's gradient anyway, so that costs one multiply) and writes gate's
     and up's gradients into one [B, T, 2F] tensor.
     """
 
     @staticmethod
-    def forward(ctx: FunctionCtx, gate_up: Tensor, taps: Tensor, bias: Tensor) -> Tensor:
+    def forward(ctx: FunctionCtx, gate_up: Tensor, taps: Tensor, bias: Tensor, dtype: torch.dtype
+                ) -> Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
-        conv = _causal_conv_forward(F.silu(gate).mul_(up), taps, bias)
+        conv = _causal_conv_forward(F.silu(gate).mul_(up), taps, bias).to(dtype)
         ctx.save_for_backward(gate_up, taps, conv)
         return F.silu(conv)
 
     @staticmethod
-    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
         gate_up, taps, conv = ctx.saved_tensors
         gate, up = gate_up.chunk(2, dim=-1)
-        grad_conv = silu_backward(grad, conv)
+        conv = conv.to(torch.promote_types(conv.dtype, taps.dtype))
+        grad_conv = silu_backward(grad.to(conv.dtype), conv)
         gated_silu = F.silu(gate)
         grad_u, grad_taps, grad_bias = _causal_conv_backward(grad_conv, gated_silu * up, taps)
-        return _gate_backward(gate_up, grad_u, gated_silu), grad_taps, grad_bias
+        return _gate_backward(gate_up, grad_u, gated_silu), grad_taps, grad_bias, None

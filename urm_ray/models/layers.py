@@ -187,7 +187,7 @@ class ConvSwiGLU(nn.Module):
         if self.position == "before_gate":
             return self.down_proj(fused.swiglu_gate(causal_depthwise_conv(self.dwconv, gate_up)))
         taps = self.dwconv.weight[:, 0, :]  # [F, k]
-        return self.down_proj(fused.gated_conv(gate_up, taps, self.dwconv.bias))
+        return self.down_proj(fused.gated_conv(gate_up, taps, self.dwconv.bias, x.dtype))
 
 
 def make_ffn(

@@ -76,6 +76,10 @@ class RecurrentConfig:
     # test-time exploration: std of the Gaussian noise added to the recurrent state after each
     # loop or cycle (the state is RMS-normalized, so 0.1 is 10 % of its scale); 0 = deterministic
     state_noise: float = 0.0
+    # under bf16 autocast: carry the recurrent states and run the residual stream in bf16, as the
+    # official code does (forward_dtype), which halves their memory; false = float32, the
+    # autocast default. No effect without autocast (float32 on CPU unless train.bf16 is true)
+    bf16_states: bool = False
 
     def __post_init__(self) -> None:
         require(self.hidden_size >= 1, f"model.hidden_size={self.hidden_size} must be >= 1")
@@ -191,7 +195,8 @@ class RecurrentModel(ACTModel):
 
     def empty_state(self, batch_size: int, device: torch.device) -> State:
         shape = (batch_size, self.prefix_len + self.task.seq_len, self.config.hidden_size)
-        dtype = self.embed_tokens.weight.dtype
+        # a bf16 carry from the start (``segment`` casts the states to the stream's dtype)
+        dtype = torch.bfloat16 if self.config.bf16_states else self.embed_tokens.weight.dtype
         return {name: torch.zeros(shape, device=device, dtype=dtype) for name in self.state_names}
 
     def reset_state(self, state: State, rows: Tensor) -> State:
@@ -211,7 +216,16 @@ class RecurrentModel(ACTModel):
 
     def segment(self, state: State, data: Batch) -> tuple[State, dict[str, Tensor]]:
         x = self.embed_input(data["inputs"], data["puzzle_identifiers"])  # [B, T, D]
-        return self.core(state, x, data["labels"])
+        dtype = self.stream_dtype(x.device)
+        state = {name: value.to(dtype) for name, value in state.items()}
+        return self.core(state, x.to(dtype), data["labels"])
+
+    def stream_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype of the states and the residual stream: bf16 under bf16 autocast with
+        ``model.bf16_states``, else float32 (autocast casts each matmul's inputs, not the stream)."""
+        if self.config.bf16_states and torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return self.embed_tokens.weight.dtype
 
     def core(self, state: State, x: Tensor, labels: Tensor) -> tuple[State, dict[str, Tensor]]:
         """A segment after the input embedding: the recurrence and the heads. Static shapes and

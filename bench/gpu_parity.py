@@ -15,9 +15,10 @@ in other orders), and at most 1 in 1000 weights moved differently by more than 1
 learning rate: AdamAtan2's first step is close to lr * sign(gradient), so a gradient element within
 rounding of zero may step the other way on the other device, while a wrong update moves most.
 
-``bf16``: on the GPU, eager bf16 autocast against eager fp32 (bf16's error), and for the
---compiled families compiled bf16 against eager bf16 (what compiling adds), with inductor's
-random numbers drawn as eager's (``fallback_random``). Tolerances: loss 1e-2 and gradients 1e-1
+``bf16``: on the GPU, eager bf16 autocast against eager fp32 (bf16's error), the same with
+``model.bf16_states`` (bf16 carry and residual stream), and for the --compiled families compiled
+bf16 against eager bf16 (what compiling adds), with inductor's random numbers drawn as eager's
+(``fallback_random``). Tolerances: loss 1e-2 and gradients 1e-1
 relative (bf16 keeps 8 bits, and the error grows over the looped passes).
 """
 
@@ -32,8 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch._inductor.config
 
-from gpu_common import (FAMILIES, TASK, Results, cpu_drawn_noise, device_for, parser, random_batch, relative,
-                        tiny_config)
+from gpu_common import (FAMILIES, TASK, TINY, Results, cpu_drawn_noise, device_for, parser, random_batch,
+                        relative, run_config, tiny_config)
 from urm_ray.config import RunConfig
 from urm_ray.train.step import TrainState, build_state, train_step
 
@@ -123,9 +124,11 @@ def reseeded(seed: int) -> Iterator[None]:
 def bf16(args: argparse.Namespace, device: torch.device, results: Results) -> None:
     strict_fp32()
     torch._inductor.config.fallback_random = True  # compiled random draws = eager's
-    comparisons = [(family, "eager bf16 vs eager fp32", (True, False), (False, False))
+    comparisons = [(family, "eager bf16 vs eager fp32", (True, False, False), (False, False, False))
                    for family in args.families]
-    comparisons += [(family, "compiled bf16 vs eager bf16", (True, True), (True, False))
+    comparisons += [(family, "eager bf16 states vs eager fp32", (True, False, True), (False, False, False))
+                    for family in args.families]
+    comparisons += [(family, "compiled bf16 vs eager bf16", (True, True, False), (True, False, False))
                     for family in args.families if family in args.compiled]  # after every eager one
     for family, name, got, ref in comparisons:
         results.guarded({"family": family, "compare": name, "device": str(device)}, lambda: compare(
@@ -133,10 +136,12 @@ def bf16(args: argparse.Namespace, device: torch.device, results: Results) -> No
 
 
 @functools.cache
-def bf16_step(family: str, bf16: bool, compile: bool, device: torch.device) -> Stepped:
-    """One step of ``family`` on ``device``, the generators reseeded first (kept: eager bf16 is
-    the reference of two comparisons)."""
-    return one_step(tiny_config(family, bf16=bf16, compile=compile), device, functools.partial(reseeded, 1))
+def bf16_step(family: str, bf16: bool, compile: bool, states: bool, device: torch.device) -> Stepped:
+    """One step of ``family`` on ``device`` (``states``: ``model.bf16_states``), the generators
+    reseeded first (kept: eager bf16 and eager fp32 are the references of several comparisons)."""
+    cfg = run_config({**TINY, **FAMILIES[family], "train.bf16": bf16, "train.compile": compile,
+                      "model.bf16_states": states})
+    return one_step(cfg, device, functools.partial(reseeded, 1))
 
 
 def main() -> None:

@@ -159,12 +159,12 @@ def test_gpu_check_dry_run_writes_every_steps_rows(tmp_path: Path):
     for row in rows:
         checks.setdefault(row["check"], []).append(row)
     assert set(checks["env"][0]["missing"]) >= set(ABSENT_ON_GPU)
-    for check, items in (("parity_fp32", 2), ("bf16_error", 4), ("ddp", 2), ("gram_sampling", 2),
+    for check, items in (("parity_fp32", 2), ("bf16_error", 6), ("ddp", 2), ("gram_sampling", 2),
                          ("matmul", 4), ("throughput", 8), ("flash", 1)):
         assert [row["status"] for row in checks[check]] == ["ok"] * items, checks[check]
     assert all(row["loss_rel_err"] == 0 for row in checks["parity_fp32"] + checks["ddp"])
-    assert {row["compare"] for row in checks["bf16_error"]} == {"eager bf16 vs eager fp32",
-                                                                "compiled bf16 vs eager bf16"}
+    assert {row["compare"] for row in checks["bf16_error"]} == {
+        "eager bf16 vs eager fp32", "eager bf16 states vs eager fp32", "compiled bf16 vs eager bf16"}
     assert checks["flash"][0]["flash_calls"] > 0
     assert [row["status"] for row in checks["sync_debug"]] == ["skipped"] * 2  # no device to wait for
     modes = {(r["shape"], r["mode"], r["precision"]) for r in checks["throughput"] if r["samples_per_s"] > 0}

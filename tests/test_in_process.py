@@ -20,7 +20,8 @@ from mlflow.tracking import MlflowClient
 from urm_ray import cluster
 from urm_ray.errors import ConfigError
 from urm_ray.train import checkpoint
-from urm_ray.train.driver import fit, runs_in_process
+from urm_ray.train.driver import fit
+from urm_ray.train.session import runs_in_process
 
 from tiny import run_config
 

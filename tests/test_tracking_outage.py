@@ -30,7 +30,8 @@ from urm_ray.config import load_config
 from urm_ray.errors import TrackingUnavailable
 from urm_ray.progress import Progress
 from urm_ray.tracking import CHECKPOINT_TAG, MlflowTracker
-from urm_ray.train.driver import fit, runs_in_process
+from urm_ray.train.driver import fit
+from urm_ray.train.session import runs_in_process
 
 from test_cloud import Server
 from test_cluster import free_port

@@ -24,7 +24,8 @@ from mlflow.tracking import MlflowClient
 from urm_ray.config import load_config
 from urm_ray.data.tasks import sudoku
 from urm_ray.errors import ConfigError, DataError
-from urm_ray.train.driver import check_storage, fit
+from urm_ray.train.driver import fit
+from urm_ray.train.session import check_storage
 from urm_ray.eval.config import EvalConfig
 from urm_ray.evaluate import evaluate
 

@@ -87,7 +87,7 @@ def init_ray(num_cpus: int | None = None, verbose: bool = False, dashboard: bool
 
 def on_private_instance() -> bool:
     """Whether this process runs on the private local Ray instance it started (``init_ray``): one
-    machine, this one, so a single worker may as well run here (``driver.runs_in_process``)."""
+    machine, this one, so a single worker may as well run here (``session.runs_in_process``)."""
     return ray.is_initialized() and ray.get_runtime_context().gcs_address == _private_gcs
 
 

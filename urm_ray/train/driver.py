@@ -29,8 +29,7 @@ from urm_ray.data.store import DatasetMeta
 from urm_ray.progress import Progress
 from urm_ray.train import resume
 from urm_ray.train.hosts import ProcessHost
-from urm_ray.train.session import (PROCESS, TRIAL, FitResult, InSweep, Session, alone, check_storage,  # noqa: F401
-                                   choose_host, datasets, prepare, resolve, runs_in_process)
+from urm_ray.train.session import PROCESS, TRIAL, FitResult, InSweep, Session, alone, choose_host, datasets, prepare
 from urm_ray.train.workers import Workers, check_resources, use_gpu, worker_bundles
 
 logger = logging.getLogger(__name__)

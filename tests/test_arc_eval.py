@@ -85,9 +85,8 @@ def _answers(path: Path, cfg: DataConfig, wrong=lambda aug: False) -> dict:
     k = cfg.num_augmentations
     rows = np.repeat(np.arange(len(test["inputs"])), k)
     aug = np.tile(np.arange(k), len(test["inputs"])).astype(np.int32)
-    x, y, ids = arc_augment.augment(test["inputs"][rows], test["labels"][rows],
-                                    test["puzzle_identifiers"][rows], test["puzzle_index"][rows],
-                                    aug, cfg.shuffle_seed, table, k, False)
+    picked = {key: column[rows] for key, column in test.items()}
+    x, y, ids = arc_augment.augment(picked, aug, cfg.shuffle_seed, table, k, False)
     bad = arc.encode(np.full((2, 2), 0, np.uint8))
     return {(xi.tobytes(), int(i)): (bad if wrong(a) else arc_augment.canonical(yi[None])[0])
             for xi, yi, i, a in zip(x, y, ids, aug)}

@@ -155,10 +155,11 @@ def _quiet(build):
     ("optim.puzzle_emb_weight_decay=1.0", "optim.puzzle_emb_weight_decay=1.0 has no effect"),
     ("model.halt_exploration_prob=0.3", "model.halt_exploration_prob=0.3 has no effect with model.max_segments=1"),
     ("data.translate=true", "data.translate=true has no effect with data.augment=false"),
+    ("model.bf16_states=true", "model.bf16_states=true has no effect with train.bf16=false"),
 ])
 def test_keys_without_effect_warn(override, words):
     base = ["model.puzzle_emb_dim=0", "model.max_segments=1", "data.augment=false",
-            "data.num_augmentations=1"]
+            "data.num_augmentations=1", "train.bf16=false"]
     _quiet(lambda: build_config(apply_overrides(BASE, base)))  # defaults alone are quiet
     with pytest.warns(UserWarning, match=re.escape(words)):
         build_config(apply_overrides(BASE, [*base, override]))
@@ -167,7 +168,8 @@ def test_keys_without_effect_warn(override, words):
 def test_keys_with_effect_do_not_warn():
     _quiet(lambda: build_config(apply_overrides(BASE, [
         "model.puzzle_emb_dim=32", "optim.puzzle_emb_lr=1.0e-4", "optim.puzzle_emb_weight_decay=1.0",
-        "model.max_segments=2", "model.halt_exploration_prob=0.3", "data.translate=true"])))
+        "model.max_segments=2", "model.halt_exploration_prob=0.3", "data.translate=true",
+        "model.bf16_states=true"])))
     # exploration switched off, or left at the family's default, with one segment
     _quiet(lambda: build_config(apply_overrides(BASE, ["model.max_segments=1",
                                                        "model.halt_exploration_prob=0"])))

@@ -169,6 +169,9 @@ class RunConfig:
                 if value != OptimConfig.__dataclass_fields__[key].default:
                     warnings.warn(f"optim.{key}={value} has no effect with model.puzzle_emb_dim=0 "
                                   "(no puzzle embedding to train)", stacklevel=3)
+        if self.model.bf16_states and self.train.bf16 is False:
+            warnings.warn("model.bf16_states=true has no effect with train.bf16=false (no bf16 autocast)",
+                          stacklevel=3)
 
     def _check_placement(self) -> None:
         """ConfigError where the batch does not split over the workers, or an in-process run was

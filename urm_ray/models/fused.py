@@ -200,9 +200,9 @@ class CausalConvFunction(torch.autograd.Function):
 class GatedConvFunction(torch.autograd.Function):
     """URM's ConvSwiGLU core: silu(causal_conv(silu(gate) * up)) of gate_up [B, T, 2F] -> [B, T, F].
 
-    Keeps gate_up and the conv output (in the stream's dtype). Backward recomputes silu(gate) * up instead of keeping it
-    (it needs silu(gate) for up's gradient anyway, so that costs one multiply) and writes gate's
-    and up's gradients into one [B, T, 2F] tensor.
+    Keeps gate_up and the conv output (in the stream's dtype). Backward recomputes silu(gate) * up
+    instead of keeping it (it needs silu(gate) for up's gradient anyway, so that costs one
+    multiply) and writes gate's and up's gradients into one [B, T, 2F] tensor.
     """
 
     @staticmethod

@@ -95,8 +95,8 @@ def release_memory() -> None:
     another system) only the collection runs.
 
     What survives the collection (the imported modules, the actor's own state) is frozen out of
-    later collections: a full collection of a heap that holds torch, Ray and MLflow takes about
-    0.4 s of a 2-core machine, once per trial, while the objects a trial leaves behind are few."""
+    later collections: a full collection of a heap that holds torch, Ray and MLflow is slow, and
+    would run once per trial, while the objects a trial leaves behind are few."""
     gc.collect()
     gc.freeze()
     trim = getattr(_libc(), "malloc_trim", None)

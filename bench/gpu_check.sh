@@ -17,7 +17,8 @@
 #   ddp           DDP + compile over NCCL at world size 1: the losses of the plain step
 #   gram_sampling GRAM's N = 20 trajectories against N = 1
 #   throughput    the paper's URM at the Sudoku and ARC shapes, one process per mode: samples/s,
-#                 peak memory, MFU against the spec sheet and a measured matmul (matmul rows)
+#                 peak memory, MFU against the spec sheet and a measured matmul (matmul rows);
+#                 and eager bf16 at ARC's shape with model.bf16_states (its peak memory)
 #   vs_official   our step against the official URM step, bf16 compiled both (perf-vs-official)
 # --dry-run: CPU, tiny sizes, two families, gloo, torch.compile's eager backend, two steps at a
 # time; each step's timeout is then 300 s, a guard against a hang.
@@ -48,6 +49,7 @@ steps=(
   "throughput_eager_bf16 35 gpu_throughput.py --mode eager --precision bf16"
   "throughput_compiled_bf16 95 gpu_throughput.py --mode compiled --precision bf16"
   "throughput_compiled_fp32 95 gpu_throughput.py --mode compiled --precision fp32"
+  "throughput_bf16_states 20 gpu_throughput.py --mode eager --precision bf16 --bf16-states --shapes arc"
   "vs_official 55 gpu_official.py"
   "summary 5 gpu_report.py summary"
 )

@@ -79,8 +79,9 @@ def matmul_tflops(device: torch.device, precision: str, repeats: int = 10) -> fl
     return 2 * size**3 / best / 1e12
 
 
-def config(base: dict, rows: int, compiled: bool, bf16: bool) -> RunConfig:
-    return run_config({**base, "train.global_batch_size": rows, "train.compile": compiled, "train.bf16": bf16})
+def config(base: dict, rows: int, compiled: bool, bf16: bool, states: bool = False) -> RunConfig:
+    return run_config({**base, "train.global_batch_size": rows, "train.compile": compiled, "train.bf16": bf16,
+                       "model.bf16_states": states})
 
 
 def counted_flops(base: dict, task: TaskSpec, device: torch.device, rows: int, bf16: bool) -> float:
@@ -92,8 +93,8 @@ def counted_flops(base: dict, task: TaskSpec, device: torch.device, rows: int, b
     return counter.get_total_flops() * rows / 2
 
 
-def fitted(base: dict, task: TaskSpec, device: torch.device, rows: int, compiled: bool, bf16: bool
-           ) -> tuple[TrainState, dict, list[int], float]:
+def fitted(base: dict, task: TaskSpec, device: torch.device, rows: int, compiled: bool, bf16: bool,
+           states: bool) -> tuple[TrainState, dict, list[int], float]:
     """(state, batch, batches that ran out of memory, first step's seconds) at the largest of
     rows, rows / 2, ... whose first step fits."""
     too_big = []
@@ -101,7 +102,7 @@ def fitted(base: dict, task: TaskSpec, device: torch.device, rows: int, compiled
         state = None
         torch._dynamo.reset()  # a fresh model's graphs would add up to dynamo's recompile limit
         try:
-            state = build_state(config(base, rows, compiled, bf16), task, device)
+            state = build_state(config(base, rows, compiled, bf16, states), task, device)
             batch = random_batch(rows, task, device)
             start = time.perf_counter()
             train_step(state, batch)  # compiles, in a compiled mode
@@ -132,7 +133,8 @@ def measure(args: argparse.Namespace, device: torch.device, shape: str, peaks: d
     if args.mode == "compiled":
         rows = eager_batch(args.out, shape, args.precision) or rows
     bf16 = args.precision == "bf16"
-    state, batch, too_big, first_s = fitted(base, task, device, rows, args.mode == "compiled", bf16)
+    state, batch, too_big, first_s = fitted(base, task, device, rows, args.mode == "compiled", bf16,
+                                            args.bf16_states)
     rows = state.local_batch
     train_step(state, batch)  # warm-up: the carry of a continuing segment
     if device.type == "cuda":
@@ -165,7 +167,11 @@ def main() -> None:
     p.add_argument("--precision", choices=["fp32", "bf16"], required=True)
     p.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
     p.add_argument("--steps", type=int, default=3, help="timed steps per shape")
+    p.add_argument("--bf16-states", action="store_true",
+                   help="model.bf16_states=true: carried states and residual stream in bf16 (bf16 only)")
     args = p.parse_args()
+    if args.bf16_states and args.precision != "bf16":
+        p.error("--bf16-states needs --precision bf16: without autocast the option changes nothing")
     device = device_for(args)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     precision = matmul_precision(args.precision)
@@ -174,7 +180,8 @@ def main() -> None:
                                       spec_tflops=peaks["spec"], measured_tflops=peaks["matmul"])
     results = Results(args.out, "throughput")
     for shape in args.shapes:
-        fields = {"shape": shape, "mode": args.mode, "precision": args.precision, "matmul": precision}
+        shown = f"{args.precision} states" if args.bf16_states else args.precision
+        fields = {"shape": shape, "mode": args.mode, "precision": shown, "matmul": precision}
         results.guarded(fields, lambda: measure(args, device, shape, peaks))
 
 

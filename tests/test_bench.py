@@ -135,7 +135,7 @@ def test_vs_official_ratios_are_per_round_medians_after_the_skipped_rounds():
 ABSENT_ON_GPU = ("yaml", "tqdm", "pydantic", "ray", "mlflow", "optuna")
 GPU_STEPS = {"env", "parity_fp32", "bf16_error", "flash", "sync_debug", "ddp", "gram_sampling",
              "throughput_eager_fp32", "throughput_eager_bf16", "throughput_compiled_bf16",
-             "throughput_compiled_fp32", "vs_official"}
+             "throughput_compiled_fp32", "throughput_bf16_states", "vs_official"}
 
 
 @pytest.mark.slow
@@ -160,7 +160,7 @@ def test_gpu_check_dry_run_writes_every_steps_rows(tmp_path: Path):
         checks.setdefault(row["check"], []).append(row)
     assert set(checks["env"][0]["missing"]) >= set(ABSENT_ON_GPU)
     for check, items in (("parity_fp32", 2), ("bf16_error", 6), ("ddp", 2), ("gram_sampling", 2),
-                         ("matmul", 4), ("throughput", 8), ("flash", 1)):
+                         ("matmul", 5), ("throughput", 9), ("flash", 1)):
         assert [row["status"] for row in checks[check]] == ["ok"] * items, checks[check]
     assert all(row["loss_rel_err"] == 0 for row in checks["parity_fp32"] + checks["ddp"])
     assert {row["compare"] for row in checks["bf16_error"]} == {
@@ -168,7 +168,7 @@ def test_gpu_check_dry_run_writes_every_steps_rows(tmp_path: Path):
     assert checks["flash"][0]["flash_calls"] > 0
     assert [row["status"] for row in checks["sync_debug"]] == ["skipped"] * 2  # no device to wait for
     modes = {(r["shape"], r["mode"], r["precision"]) for r in checks["throughput"] if r["samples_per_s"] > 0}
-    assert len(modes) == 8
+    assert len(modes) == 9 and ("arc", "eager", "bf16 states") in modes
     assert [row["reason"] for row in checks["vs_official"]] in (
         ["harness not present"], ["the official code needs pydantic, which is not installed"])
     summary = (out / "summary.md").read_text()

@@ -61,7 +61,7 @@ def test_a_killed_driver_shows_as_lost_and_its_resume_says_so(tmp_path: Path, ca
 
     tracking.Run(uri, run_id).set_tags({HEARTBEAT_TAG: f"{time.time() - heartbeat.STALE_S - 60:.0f}"})
     with caplog.at_level(logging.WARNING, logger="urm_ray.heartbeat"):
-        heartbeat.warn_if_lost(tracking.Run.find(uri, "hb", "doomed"))
+        heartbeat.warn_if_lost(tracking.find_summary(uri, "hb", "doomed"))
     assert "doomed was left RUNNING by a driver that stopped beating 6 min ago (driver lost)" in caplog.text
     tracking.Run(uri, run_id).close("FINISHED")
     assert not heartbeat.lost("FINISHED", tracking.Run(uri, run_id).summary().tags)

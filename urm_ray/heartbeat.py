@@ -86,12 +86,11 @@ def lost(status: str, tags: dict[str, str], now: float | None = None) -> bool:
     return status == "RUNNING" and age is not None and age > STALE_S
 
 
-def warn_if_lost(found: tracking.Run | None) -> None:
-    """Before a resume reopens ``found`` (None: there is no run to reopen): says so when its last
+def warn_if_lost(run: tracking.RunSummary | None) -> None:
+    """Before a resume reopens ``run`` (None: there is no run to reopen): says so when its last
     driver was lost."""
-    if found is None:
+    if run is None:
         return
-    run = found.summary()
     if lost(run.status, run.tags):
         minutes = (last_beat_age(run.tags) or 0.0) / 60
         logger.warning("MLflow run %s was left RUNNING by a driver that stopped beating %.0f min"

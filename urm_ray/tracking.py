@@ -610,6 +610,12 @@ def find_run_id(tracking_uri: str, experiment: str, run_name: str) -> str | None
     return find_run(client, found.experiment_id, run_name) if found is not None else None
 
 
+def find_summary(tracking_uri: str, experiment: str, run_name: str) -> RunSummary | None:
+    """What the run a previous attempt created under ``run_name`` holds (None: no such run)."""
+    found = Run.find(tracking_uri, experiment, run_name)
+    return None if found is None else found.summary()
+
+
 def count_runs(tracking_uri: str, experiment: str) -> int:
     """How many runs (any state) the experiment holds; 0 when it does not exist."""
     client = _client(tracking_uri)

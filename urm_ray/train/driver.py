@@ -29,7 +29,7 @@ from urm_ray.data.store import DatasetMeta
 from urm_ray.progress import Progress
 from urm_ray.train import resume
 from urm_ray.train.hosts import ProcessHost
-from urm_ray.train.session import PROCESS, TRIAL, FitResult, InSweep, Session, alone, choose_host, datasets, prepare
+from urm_ray.train.session import PROCESS, TRIAL, FitResult, Here, InSweep, Session, alone, choose_host, datasets, prepare
 from urm_ray.train.workers import Workers, check_resources, use_gpu, worker_bundles
 
 logger = logging.getLogger(__name__)
@@ -88,8 +88,7 @@ def _train(cfg: RunConfig, meta: DatasetMeta, where: str,
     if where == TRIAL:
         assert sweep is not None
         session = Session.open(cfg, meta, *labels, sweep=sweep)
-        host = sweep.host(datasets(cfg, meta), cfg.resources.device)
-        return session.train(lambda: session.loop_here(host), where)
+        return session.train(Here(sweep.host(datasets(cfg, meta), cfg.resources.device), where))
     gpu = use_gpu(cfg)
     if not gpu:
         cfg.warn_unused_on_cpu(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -102,6 +101,5 @@ def _train(cfg: RunConfig, meta: DatasetMeta, where: str,
     if where == PROCESS:
         host = ProcessHost(datasets(cfg, meta), Path(cfg.checkpoint.storage_path) / cfg.train.run_name,
                            cfg.checkpoint.keep, "cuda" if gpu else "cpu")
-        return session.train(lambda: session.loop_here(host, progress), where, progress)
-    workers = Workers(gpu, [] if sweep is None else sweep.callbacks)
-    return session.train(lambda: workers.train(session, progress), where, progress)
+        return session.train(Here(host, where), progress)
+    return session.train(Workers(gpu, [] if sweep is None else sweep.callbacks), progress)

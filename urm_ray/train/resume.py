@@ -257,21 +257,21 @@ def _busy(cfg: RunConfig, driver: str, age: float | None, lock: Path | None) -> 
 # --- MLflow after a resume ----------------------------------------------------------------------
 
 
-def record(handle: tracking.Run, values: dict[str, Any]) -> None:
-    """Tag the run with this driver (``urm_ray.driver``) and with every config value (``values``:
-    the flattened config) that now differs from its param (``urm_ray.resumed.<key>``); drop the
-    resumed tags that match again."""
-    run = handle.summary()
+def resumed_tags(previous: tracking.RunSummary | None, values: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """The tags to set on the run a driver (re)opens: this driver (``urm_ray.driver``) and every
+    config value (``values``: the flattened config) that now differs from the param ``previous``
+    recorded (``urm_ray.resumed.<key>``); and the resumed tags to drop, that match again.
+    ``previous``: the run before it was reopened (None: a new run)."""
+    params = {} if previous is None else previous.params
     texts = {key: _param_text(value) for key, value in values.items()}
     changed = {f"{RESUMED_TAG_PREFIX}{key}": value for key, value in texts.items()
-               if key in run.params and run.params[key] != value}
-    handle.set_tags({DRIVER_TAG: this_driver(), **changed})
-    stale = [tag for tag in run.tags if tag.startswith(RESUMED_TAG_PREFIX) and tag not in changed]
-    if stale:
-        handle.delete_tags(stale)
+               if key in params and params[key] != value}
     for tag, value in changed.items():
         logger.info("resumed with %s=%s (MLflow param: %s)", tag[len(RESUMED_TAG_PREFIX):], value,
-                    run.params[tag[len(RESUMED_TAG_PREFIX):]])
+                    params[tag[len(RESUMED_TAG_PREFIX):]])
+    stale = [] if previous is None else [tag for tag in previous.tags
+                                         if tag.startswith(RESUMED_TAG_PREFIX) and tag not in changed]
+    return {DRIVER_TAG: this_driver(), **changed}, stale
 
 
 def _param_text(value: Any) -> str:

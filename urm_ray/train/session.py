@@ -4,7 +4,7 @@ trial, ``final`` and its re-checks).
     cfg, meta = prepare(cfg)                           # resolved, every check that needs no Ray
     where = choose_host(cfg, in_sweep=False)           # PROCESS, WORKERS or TRIAL
     session = Session.open(cfg, meta, tags, params)    # the MLflow run, opened once
-    result = session.train(lambda: session.loop_here(host, progress), where, progress)
+    result = session.train(Here(host, where), progress)  # or Ray Train's ``workers.Workers``
 
 ``Session.train`` holds the heartbeat while the loop runs, records a failure (FAILED, KILLED
 after Ctrl-C, the reason of a divergence) unless the sweep already recorded how the run ended,
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow
 import pyarrow.fs
@@ -173,15 +173,21 @@ def open_run(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None = No
     any training what a run that then crashes must still show: ``config.yaml`` and the dataset."""
     if not cfg.tracking.enabled:
         return tracking.NullRun()
-    uri, experiment = cfg.tracking.tracking_uri, cfg.tracking.experiment
-    heartbeat.warn_if_lost(tracking.Run.find(uri, experiment, cfg.train.run_name))
-    run = tracking.Run.open(uri, experiment, cfg.train.run_name, {**flatten(cfg), **(params or {})}, tags)
-    resume.record(run, flatten(cfg))
-    logger.info("MLflow run %s in experiment %r (%s)", run.id, experiment, uri)
-    run.log_config(dump_yaml(cfg))
+    values, config = flatten(cfg), dump_yaml(cfg)
     profile = {"task": meta.task, "seq_len": meta.seq_len, "vocab_size": meta.vocab_size,
                "num_rows": {name: split.num_rows for name, split in meta.splits.items()}}
-    run.log_dataset(Path(cfg.data.path).name, cfg.data.path, store.metadata_digest(meta), profile)
+    digest = store.metadata_digest(meta)
+    uri, experiment = cfg.tracking.tracking_uri, cfg.tracking.experiment
+    previous = tracking.find_summary(uri, experiment, cfg.train.run_name)
+    heartbeat.warn_if_lost(previous)
+    driver_tags, stale = resume.resumed_tags(previous, values)
+    run = tracking.Run.open(uri, experiment, cfg.train.run_name, {**values, **(params or {})}, tags)
+    run.set_tags(driver_tags)
+    if stale:
+        run.delete_tags(stale)
+    run.log_config(config)
+    run.log_dataset(Path(cfg.data.path).name, cfg.data.path, digest, profile)
+    logger.info("MLflow run %s in experiment %r (%s)", run.id, experiment, uri)
     return run
 
 
@@ -202,19 +208,14 @@ class Session:
              params: dict[str, Any] | None = None, sweep: InSweep | None = None) -> Session:
         return cls(cfg, meta, open_run(cfg, meta, tags, params), _never if sweep is None else sweep.ended)
 
-    def loop_here(self, host: Host, progress: Progress | None = None) -> Outcome:
-        """The loop in this process on ``host``; returns what it reported with its last checkpoint."""
-        sender = Sender(None if progress is None else Direct(progress))
-        run_loop(self.cfg, self.meta, host, host.device(), self.run.tracker(True), sender)
-        return host.reported(), host.latest()
-
-    def train(self, loop: Callable[[], Outcome], where: str, progress: Progress | None = None) -> FitResult:
-        """Run ``loop`` under the run's heartbeat; record its failure or its checkpoint."""
+    def train(self, runner: Runner, progress: Progress | None = None) -> FitResult:
+        """Run the loop where ``runner`` runs it, under the run's heartbeat; record its failure or
+        its checkpoint."""
         try:
             with noting_sigint() as interrupted, heartbeat.beating(self.run):
-                metrics, ckpt = loop()
+                metrics, ckpt = runner.run(self, progress)
         except BaseException as err:
-            replaced, cause = self._failed(err, interrupted(), where)
+            replaced, cause = self._failed(err, interrupted(), runner.where)
             if replaced is None:
                 raise
             raise replaced from cause
@@ -267,6 +268,30 @@ class Session:
             progress.phase("uploading the checkpoint to MLflow")
         with ckpt.as_directory() as folder:
             self.run.finish(checkpoint_uri(ckpt), Path(folder))
+
+
+class Runner(Protocol):
+    """Where a run's loop runs, as ``choose_host`` named it: this process (``Here``) or Ray
+    Train's workers (``workers.Workers``)."""
+
+    where: str  # PROCESS, WORKERS or TRIAL
+
+    def run(self, session: Session, progress: Progress | None) -> Outcome:
+        """Run the session's loop to its end; what it reported with its last checkpoint."""
+
+
+@dataclass
+class Here:
+    """The loop in this process on ``host``: the command's own process (PROCESS) or a sweep's
+    Tune trial actor (TRIAL)."""
+
+    host: Host
+    where: str
+
+    def run(self, session: Session, progress: Progress | None) -> Outcome:
+        sender = Sender(None if progress is None else Direct(progress))
+        run_loop(session.cfg, session.meta, self.host, self.host.device(), session.run.tracker(True), sender)
+        return self.host.reported(), self.host.latest()
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """Ray Train's workers for a run's loop: what they need of the cluster, and the ``TorchTrainer``.
 
-The run's session (``session.Session.train``) runs ``Workers.train`` when ``choose_host`` says
+The run's session (``session.Session.train``) runs ``Workers.run`` when ``choose_host`` says
 WORKERS: a run of several workers, one with worker-group restarts, custom resources or remote
 storage, a run on a cluster, or a sweep's trial of several workers.
 """
@@ -22,7 +22,7 @@ from urm_ray.errors import ConfigError
 from urm_ray.progress import Progress
 from urm_ray.train.live import watching
 from urm_ray.train.loop import train_loop_per_worker
-from urm_ray.train.session import Outcome, Session, datasets
+from urm_ray.train.session import WORKERS, Outcome, Session, datasets
 from urm_ray.typed import to_dict
 
 DATA_CPU_RESERVE = 0.5  # CPU kept free for Ray Data's read/augment tasks (else ingest starves)
@@ -72,8 +72,9 @@ class Workers:
 
     gpu: bool
     callbacks: list[Any]
+    where: str = WORKERS
 
-    def train(self, session: Session, progress: Progress | None) -> Outcome:
+    def run(self, session: Session, progress: Progress | None) -> Outcome:
         with nullcontext(None) if progress is None else watching(progress) as inbox:
             result = build_trainer(session, self.gpu, self.callbacks, inbox).fit()
         return dict(result.metrics or {}), result.checkpoint

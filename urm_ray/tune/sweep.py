@@ -341,7 +341,7 @@ def _open_parent(info: SweepInfo, space: SearchSpace, the_plan: Plan) -> str:
     for param in space.params:
         params[f"searched.{param.key}"] = report.describe_param(param)
     tags = {KIND_TAG: "sweep", SWEEP_TAG: info.name}
-    heartbeat.warn_if_lost(tracking.Run.find(info.tracking_uri, info.experiment, info.name))
+    heartbeat.warn_if_lost(tracking.find_summary(info.tracking_uri, info.experiment, info.name))
     return tracking.open_run(info.tracking_uri, info.experiment, info.name, params, tags)
 
 

@@ -6,7 +6,9 @@
 
 A trial of several workers runs the Train driver inside its Tune trial actor: ``run_trial`` calls
 ``driver.fit``, which builds a ``TorchTrainer`` and waits on its ``fit()``. On one private local
-Ray instance this runs, one round after another (A, B, A, B, ...), two one-trial Tune runs:
+Ray instance this runs, one round after another (A, B, A, B, ...), two Tune runs of two trials
+each, run one after the other in one trial actor that Tune reuses, as a sweep runs them (the
+first trial in a fresh actor, the second in the reused one):
 
     A  the floor: a ``TorchTrainer`` with 2 CPU workers whose loop only reports once, fitted in a
        Tune trial with Tune's report callback, as our trial fits its trainer
@@ -67,13 +69,14 @@ def floor_trial(config: dict[str, Any], folder: str, round_: int) -> None:
 
     from urm_ray.cluster import ray_train_defaults
 
-    _stamp_start(Path(folder), f"A{round_}")
+    number = config["trial_number"]
+    _stamp_start(Path(folder), f"A{round_}.{number}")
     ray_train_defaults()
     TorchTrainer(
         _noop_loop,
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ray.train.ScalingConfig(num_workers=WORKERS, resources_per_worker={"CPU": 1.0}),
-        run_config=ray.train.RunConfig(name=f"floor-{round_}", storage_path=f"{folder}/train",
+        run_config=ray.train.RunConfig(name=f"floor-{round_}-{number}", storage_path=f"{folder}/train",
                                        callbacks=[TuneReportCallback()]),
     ).fit()
 
@@ -83,43 +86,51 @@ def our_trial(config: dict[str, Any], ctx: Any, folder: str, round_: int) -> Non
     from urm_ray.train import driver  # noqa: F401  (a reused trial actor holds it already)
     from urm_ray.tune.trial import run_trial
 
-    _stamp_start(Path(folder), f"B{round_}")
+    _stamp_start(Path(folder), f"B{round_}.{config['trial_number']}")
     run_trial(config, ctx)
 
 
 class Stamps(tune.Callback):
-    """When Tune's driver got each trial's first result and saw it complete (unix s)."""
+    """When Tune's driver got each trial's first result and saw it complete (unix s), by trial number."""
 
     def __init__(self) -> None:
-        self.first: float | None = None
-        self.end: float | None = None
-        self.metrics: dict[str, Any] = {}
+        self.first: dict[int, float] = {}
+        self.end: dict[int, float] = {}
+        self.metrics: dict[int, dict[str, Any]] = {}
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        if self.first is None:
-            self.first, self.metrics = time.time(), dict(result)
+        number = trial.config["trial_number"]
+        if number not in self.first:
+            self.first[number], self.metrics[number] = time.time(), dict(result)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.end = time.time()
+        self.end[trial.config["trial_number"]] = time.time()
 
 
-def run_one(trainable: Any, config: dict[str, Any], folder: Path, name: str) -> dict[str, float]:
+def run_one(trainable: Any, folder: Path, name: str, numbers: tuple[int, int]) -> list[dict[str, float]]:
+    """Two trials (``numbers``: their trial numbers, new in every round: B's trials resume nothing),
+    one after the other in one trial actor that Tune reuses, as a sweep runs them: the times of a
+    fresh actor's trial, then of the next one."""
     stamps = Stamps()
     tuner = tune.Tuner(
         tune.with_resources(trainable, tune.PlacementGroupFactory([{"CPU": TRIAL_CPUS}])),
-        param_space=config,
+        param_space={"trial_number": tune.grid_search(list(numbers))},
+        tune_config=tune.TuneConfig(max_concurrent_trials=1, reuse_actors=True),
         run_config=tune.RunConfig(name=name, storage_path=str(folder / "tune"), callbacks=[stamps],
                                   verbose=0),
     )
-    result = tuner.fit()[0]
-    if result.error is not None:
-        raise RuntimeError(f"{name} failed: {result.error}")
-    start = float((folder / f"{name}.start").read_text())
-    assert stamps.first is not None and stamps.end is not None, f"{name}: no result reached Tune"
-    times = {"first report": stamps.first - start, "end": stamps.end - start}
-    if "time/eval_s" in stamps.metrics:
-        times["first step"] = times["first report"] - float(stamps.metrics["time/eval_s"])
-    return times
+    for result in tuner.fit():
+        if result.error is not None:
+            raise RuntimeError(f"{name} failed: {result.error}")
+    trials = []
+    for number in numbers:
+        start = float((folder / f"{name}.{number}.start").read_text())
+        assert number in stamps.first and number in stamps.end, f"{name}: no result of trial {number}"
+        times = {"first report": stamps.first[number] - start, "end": stamps.end[number] - start}
+        if "time/eval_s" in stamps.metrics[number]:
+            times["first step"] = times["first report"] - float(stamps.metrics[number]["time/eval_s"])
+        trials.append(times)
+    return trials
 
 
 def trial_context(folder: Path) -> Any:
@@ -136,20 +147,26 @@ def trial_context(folder: Path) -> Any:
     return TrialContext("bench", load_space("quickstart"), extra, uri, "bench-start", parent)
 
 
-def median_table(rows: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
-    return {what: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+TRIALS = ("fresh actor", "reused actor")  # a trial actor's first trial, then the next in it
+
+
+def median_table(rows: dict[str, list[list[dict[str, float]]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Medians over the rounds: {A or B: {fresh actor or reused actor: {what: seconds}}}."""
+    return {what: {trial: {key: statistics.median(r[i][key] for r in runs) for key in runs[0][i]}
+                   for i, trial in enumerate(TRIALS)}
             for what, runs in rows.items()}
 
 
-def render(medians: dict[str, dict[str, float]], rounds: int) -> str:
-    a, b = medians["A"], medians["B"]
-    lines = [f"median over {rounds} interleaved rounds, seconds from the trial's start",
-             f"{'':<34}{'first report':>13}{'first step':>12}{'end':>8}",
-             f"{'A  TorchTrainer no-op, 2 workers':<34}{a['first report']:>13.2f}{'-':>12}{a['end']:>8.2f}",
-             f"{'B  our trial, 2 workers':<34}{b['first report']:>13.2f}"
-             f"{b.get('first step', float('nan')):>12.2f}{b['end']:>8.2f}",
-             f"{'B / A':<34}{b['first report'] / a['first report']:>13.2f}"
-             f"{b.get('first step', float('nan')) / a['first report']:>12.2f}{b['end'] / a['end']:>8.2f}"]
+def render(medians: dict[str, dict[str, dict[str, float]]], rounds: int) -> str:
+    lines = [f"median over {rounds} interleaved rounds, seconds from the trial's start"]
+    for trial in TRIALS:
+        a, b = medians["A"][trial], medians["B"][trial]
+        lines += [f"{trial + ':':<34}{'first report':>13}{'first step':>12}{'end':>8}",
+                  f"{'A  TorchTrainer no-op, 2 workers':<34}{a['first report']:>13.2f}{'-':>12}{a['end']:>8.2f}",
+                  f"{'B  our trial, 2 workers':<34}{b['first report']:>13.2f}"
+                  f"{b.get('first step', float('nan')):>12.2f}{b['end']:>8.2f}",
+                  f"{'B / A':<34}{b['first report'] / a['first report']:>13.2f}"
+                  f"{b.get('first step', float('nan')) / a['first report']:>12.2f}{b['end'] / a['end']:>8.2f}"]
     return "\n".join(lines)
 
 
@@ -164,17 +181,18 @@ def main() -> None:
     from urm_ray.cluster import init_ray
 
     init_ray(num_cpus=CLUSTER_CPUS)
-    rows: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
+    rows: dict[str, list[list[dict[str, float]]]] = {"A": [], "B": []}
     with tempfile.TemporaryDirectory(prefix="trial_start-") as scratch:
         folder = Path(scratch)
         ctx = trial_context(folder)
         for round_ in range(rounds):
-            rows["A"].append(run_one(partial(floor_trial, folder=scratch, round_=round_), {},
-                                     folder, f"A{round_}"))
-            rows["B"].append(run_one(partial(our_trial, ctx=ctx, folder=scratch, round_=round_),
-                                     {"trial_number": round_}, folder, f"B{round_}"))
-            print(f"round {round_ + 1}/{rounds}: A {rows['A'][-1]['end']:.2f} s, "
-                  f"B {rows['B'][-1]['end']:.2f} s", flush=True)
+            numbers = (2 * round_, 2 * round_ + 1)
+            rows["A"].append(run_one(partial(floor_trial, folder=scratch, round_=round_), folder, f"A{round_}",
+                                     numbers))
+            rows["B"].append(run_one(partial(our_trial, ctx=ctx, folder=scratch, round_=round_), folder,
+                                     f"B{round_}", numbers))
+            shown = ", ".join(f"{w} {rows[w][-1][0]['end']:.2f} / {rows[w][-1][1]['end']:.2f} s" for w in "AB")
+            print(f"round {round_ + 1}/{rounds} (fresh / reused actor): {shown}", flush=True)
     medians = median_table(rows)
     print(render(medians, rounds))
     if args.json:

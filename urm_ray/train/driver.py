@@ -16,11 +16,11 @@ import logging
 import os
 from contextlib import nullcontext
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import ray
-import torch
 
 from urm_ray import tracking
 from urm_ray.cluster import check_reachable, init_ray, scaled_up
@@ -29,8 +29,9 @@ from urm_ray.data.store import DatasetMeta
 from urm_ray.progress import Progress
 from urm_ray.train import resume
 from urm_ray.train.hosts import ProcessHost
-from urm_ray.train.session import PROCESS, TRIAL, FitResult, Here, InSweep, Session, alone, choose_host, datasets, prepare
-from urm_ray.train.workers import Workers, check_resources, use_gpu, worker_bundles
+from urm_ray.train.session import (PROCESS, TRIAL, FitResult, Here, InSweep, Runner, Session, alone, choose_host,
+                                   prepare)
+from urm_ray.train.workers import Workers, placed, worker_bundles
 
 logger = logging.getLogger(__name__)
 
@@ -84,22 +85,23 @@ def check_nodes(cfg: RunConfig, grows: bool = False) -> None:
 def _train(cfg: RunConfig, meta: DatasetMeta, where: str,
            labels: tuple[dict[str, str] | None, dict[str, Any] | None],
            sweep: InSweep | None, progress: Progress | None) -> FitResult:
-    """Build the host ``where`` names, open the run's session and train there."""
-    if where == TRIAL:
+    """Build the runner ``where`` names, open the run's session and train there."""
+    cfg, runner = _runner(cfg, where, sweep)
+    return Session.open(cfg, meta, *labels, sweep=sweep).train(runner, progress)
+
+
+def _runner(cfg: RunConfig, where: str, sweep: InSweep | None) -> tuple[RunConfig, Runner]:
+    """The runner ``where`` names, with the config it runs (a run given this machine: its threads)."""
+    if where == TRIAL:  # one worker, in its Tune trial actor
         assert sweep is not None
-        session = Session.open(cfg, meta, *labels, sweep=sweep)
-        return session.train(Here(sweep.host(datasets(cfg, meta), cfg.resources.device), where))
-    gpu = use_gpu(cfg)
-    if not gpu:
-        cfg.warn_unused_on_cpu(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    check_resources(cfg, gpu)
-    if where == PROCESS and not cfg.resources.torch_threads:  # the run is given this machine (a private Ray instance)
-        cfg = replace(cfg, resources=replace(cfg.resources, torch_threads=len(os.sched_getaffinity(0))))
-    session = Session.open(cfg, meta, *labels, sweep=sweep)
+        return cfg, Here(partial(sweep.host, device=cfg.resources.device), where)
+    gpu = placed(cfg)
     logger.info("starting %d Ray Train worker(s) (%s)%s for run %s", cfg.resources.num_workers,
                 "GPU" if gpu else "CPU", " in this process" if where == PROCESS else "", cfg.train.run_name)
-    if where == PROCESS:
-        host = ProcessHost(datasets(cfg, meta), Path(cfg.checkpoint.storage_path) / cfg.train.run_name,
-                           cfg.checkpoint.keep, "cuda" if gpu else "cpu")
-        return session.train(Here(host, where), progress)
-    return session.train(Workers(gpu, [] if sweep is None else sweep.callbacks), progress)
+    if where != PROCESS:
+        return cfg, Workers(gpu, [] if sweep is None else sweep.callbacks)
+    if not cfg.resources.torch_threads:  # the run is given this machine (a private Ray instance)
+        cfg = replace(cfg, resources=replace(cfg.resources, torch_threads=len(os.sched_getaffinity(0))))
+    host = partial(ProcessHost, run_folder=Path(cfg.checkpoint.storage_path) / cfg.train.run_name,
+                   keep=cfg.checkpoint.keep, device="cuda" if gpu else "cpu")
+    return cfg, Here(host, where)

@@ -4,12 +4,13 @@ trial, ``final`` and its re-checks).
     cfg, meta = prepare(cfg)                           # resolved, every check that needs no Ray
     where = choose_host(cfg, in_sweep=False)           # PROCESS, WORKERS or TRIAL
     session = Session.open(cfg, meta, tags, params)    # the MLflow run, opened once
-    result = session.train(Here(host, where), progress)  # or Ray Train's ``workers.Workers``
+    result = session.train(Here(make_host, where), progress)  # or Ray Train's ``workers.Workers``
 
 ``Session.train`` holds the heartbeat while the loop runs, records a failure (FAILED, KILLED
 after Ctrl-C, the reason of a divergence) unless the sweep already recorded how the run ended,
 says how to resume, and records a finished run's checkpoint. Where the loop runs is chosen in
-``choose_host`` alone; the driver builds the host it names (``hosts``, ``workers``, and for a
+``choose_host`` alone; the driver builds the runner it names, which builds the run's datasets when
+the loop starts (``Here`` with a host of ``hosts``, ``workers.Workers``, and for a
 sweep's trial ``urm_ray.tune.trial_host``).
 """
 
@@ -282,16 +283,17 @@ class Runner(Protocol):
 
 @dataclass
 class Here:
-    """The loop in this process on ``host``: the command's own process (PROCESS) or a sweep's
-    Tune trial actor (TRIAL)."""
+    """The loop in this process: the command's own (PROCESS) or a sweep's Tune trial actor
+    (TRIAL), on the host ``host`` builds around the run's datasets."""
 
-    host: Host
+    host: Callable[[dict[str, Any]], Host]
     where: str
 
     def run(self, session: Session, progress: Progress | None) -> Outcome:
+        host = self.host(datasets(session.cfg, session.meta))
         sender = Sender(None if progress is None else Direct(progress))
-        run_loop(session.cfg, session.meta, self.host, self.host.device(), session.run.tracker(True), sender)
-        return self.host.reported(), self.host.latest()
+        run_loop(session.cfg, session.meta, host, host.device(), session.run.tracker(True), sender)
+        return host.reported(), host.latest()
 
 
 @contextmanager

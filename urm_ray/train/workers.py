@@ -13,6 +13,7 @@ from typing import Any
 
 import ray
 import ray.train
+import torch
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from urm_ray.cluster import ray_train_defaults
@@ -56,6 +57,16 @@ def check_resources(cfg: RunConfig, gpu: bool) -> None:
             f"resources.device={cfg.resources.device} needs {need_gpu} GPUs "
             f"(resources.num_workers x resources.gpus_per_worker); the cluster has {total.get('GPU', 0)}"
         )
+
+
+def placed(cfg: RunConfig) -> bool:
+    """Whether the run's workers get GPUs, once the cluster is known to hold them
+    (``check_resources``); on CPU, says which settings have no effect there."""
+    gpu = use_gpu(cfg)
+    check_resources(cfg, gpu)
+    if not gpu:
+        cfg.warn_unused_on_cpu(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return gpu
 
 
 def worker_bundles(cfg: RunConfig) -> list[dict[str, float]]:

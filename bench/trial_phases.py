@@ -36,6 +36,7 @@ from pathlib import Path
 import ray
 import torch
 
+from urm_ray import tracking
 from urm_ray.train.evaluation import InRun
 from urm_ray.train import checkpoint
 from urm_ray.train.hosts import ProcessHost
@@ -69,7 +70,8 @@ def one_trial(cfg, number: int) -> dict[str, float]:
     with t("prepare"):
         cfg, meta = prepare(cfg)
     with t("mlflow open"):
-        session = Session.open(cfg, meta, {"urm_ray.kind": "trial"}, {"sampled.x": number})
+        previous = tracking.find_summary(cfg.tracking.tracking_uri, cfg.tracking.experiment, cfg.train.run_name)
+        session = Session.open(cfg, meta, previous, tags={"urm_ray.kind": "trial"}, params={"sampled.x": number})
     with t("datasets"):
         data = datasets(cfg, meta)
     folder = Path(cfg.checkpoint.storage_path) / cfg.train.run_name

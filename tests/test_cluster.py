@@ -371,7 +371,7 @@ def test_ray_train_polls_its_workers_often_unless_the_user_set_it(monkeypatch):
 def test_bundles_and_custom_resources_in_the_plan():
     from urm_ray.config import load_config
     from urm_ray.errors import ConfigError
-    from urm_ray.train.driver import worker_bundles
+    from urm_ray.train.workers import worker_bundles
     from urm_ray.tune.resources import plan, trial_bundles
     from urm_ray.tune.space import Resources
 

@@ -13,7 +13,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from urm_ray import tracking
-from urm_ray.config import load_config
+from urm_ray.config import load_config, resolve_tracking_uri
 from urm_ray.data import store, stream
 from urm_ray.data.tasks import sudoku
 from urm_ray.runs import ui_hint
@@ -25,11 +25,11 @@ from together import open_runs_on_one_dataset
 def test_tracking_uri_resolution(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert tracking.resolve_tracking_uri("") == f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert tracking.resolve_tracking_uri("sqlite:///rel.db") == f"sqlite:///{tmp_path / 'rel.db'}"
+    assert resolve_tracking_uri("") == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert resolve_tracking_uri("sqlite:///rel.db") == f"sqlite:///{tmp_path / 'rel.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
-    assert tracking.resolve_tracking_uri("") == "http://127.0.0.1:5000"
-    assert tracking.resolve_tracking_uri("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
+    assert resolve_tracking_uri("") == "http://127.0.0.1:5000"
+    assert resolve_tracking_uri("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
 
 
 def test_open_run_reuses_the_named_run(tmp_path: Path):

@@ -110,7 +110,8 @@ def _train(args: argparse.Namespace) -> None:
 def _ui(tracking_uri: str, run_id: str | None, experiment: bool = False) -> dict[str, str]:
     """The run's page in MLflow's UI (``experiment``: its experiment's runs) for the printed
     summary; none when tracking is off."""
-    from urm_ray.tracking import resolve_tracking_uri, run_ui_url
+    from urm_ray.config import resolve_tracking_uri
+    from urm_ray.tracking import run_ui_url
 
     if not run_id:
         return {}
@@ -225,7 +226,7 @@ def _sweep(args: argparse.Namespace) -> None:
 
 def _runs(args: argparse.Namespace) -> None:
     from urm_ray.runs import list_runs, ui_hint
-    from urm_ray.tracking import resolve_tracking_uri
+    from urm_ray.config import resolve_tracking_uri
 
     uri = resolve_tracking_uri(args.tracking_uri)
     print(list_runs(uri, args.experiment, args.limit))

@@ -11,6 +11,7 @@ wrong types and impossible combinations raise ``ConfigError`` before any work st
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 from dataclasses import dataclass, field
 from importlib import resources
@@ -25,6 +26,8 @@ from urm_ray.models.registry import config_class
 from urm_ray.optim import OptimConfig
 from urm_ray.names import check_name
 from urm_ray.typed import convert, did_you_mean, excerpt, from_dict, to_dict
+
+UNSET = object()  # a key one side of ``differences`` does not have
 
 
 @dataclass
@@ -144,6 +147,23 @@ class TrackingConfig:
 
     def __post_init__(self) -> None:
         check_name("tracking.experiment", self.experiment)
+
+
+def resolve_tracking_uri(configured: str) -> str:
+    """``tracking.tracking_uri`` as MLflow is given it: the configured URI, else
+    $MLFLOW_TRACKING_URI, else an SQLite store in the working folder.
+
+    Ray moves workers' working directories, so relative local URIs are made absolute here, on
+    the driver, before the config travels to the workers.
+    """
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri:
+        return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
+    if "://" not in uri:
+        return Path(uri).resolve().as_uri()
+    return uri
 
 
 @dataclass
@@ -373,6 +393,20 @@ def flatten(cfg: RunConfig) -> dict[str, Any]:
     return out
 
 
+def differences(saved: dict[str, Any], cfg: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (saved value, new value)} for every key whose values differ between a saved
+    config (as ``config.yaml`` records it: no secret) and ``cfg``; a key one side lacks has
+    ``UNSET`` there. The saved config is built as a new one is, so defaults and types match
+    (ConfigError: it no longer builds)."""
+    with warnings.catch_warnings():  # its own warnings were shown when it ran
+        warnings.simplefilter("ignore")
+        before = flatten(build_config(saved))
+    values = flatten(cfg)
+    after = redact.strip(values)
+    return {key: (before.get(key, UNSET), after.get(key, UNSET)) for key in {*before, *after}
+            if before.get(key, UNSET) != after.get(key, UNSET)}
+
+
 def overridden(cfg: RunConfig, overrides: list[str]) -> RunConfig:
     """A new validated config with dotted overrides applied."""
     return build_config(apply_overrides(to_dict(cfg), overrides))
@@ -382,5 +416,6 @@ def dump_yaml(cfg: RunConfig) -> str:
     """The config as ``config.yaml`` records it: no secret (``redact.strip``)."""
     import yaml
 
-    return yaml.safe_dump(redact.strip(to_dict(cfg)), sort_keys=False)
+    data = to_dict(cfg)
+    return yaml.safe_dump(redact.strip(data), sort_keys=False)
 

@@ -38,7 +38,7 @@ from typing import Any, Literal, Optional
 import torch
 from torch import nn
 
-from urm_ray.config import RunConfig, build_config
+from urm_ray.config import RunConfig, build_config, resolve_tracking_uri
 from urm_ray.data import stream
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import registry
@@ -294,7 +294,7 @@ def log(report: EvalReport, tracking_uri: str = "") -> str | None:
     cfg = _config_of_report(folder)
     if not cfg.tracking.enabled and not tracking_uri:
         return None
-    uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri)
+    uri = resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri)
     run_name = cfg.train.run_name or Path(folder).resolve().parent.name
     parent = tracking.Run.find(uri, cfg.tracking.experiment, run_name)
     tags = {tracking.PARENT_TAG: parent.id} if parent else {}

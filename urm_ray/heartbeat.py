@@ -11,19 +11,27 @@ The W&B "crashed" state works the same way.
     with beating(run):                  # a tracking.Run (a NullRun: no beats)
         trainer.fit()
     lost(run.status, run.tags)      # True: RUNNING, last beat over STALE_S ago
+    check_reopen(previous, in_sweep=False)  # ConfigError: another driver beats on it now
+
+One driver per run: a RUNNING run whose heartbeat is fresh has a live driver elsewhere, unless
+the driver it records (``urm_ray.driver``: host:pid, ``this_driver``) ran on this host and its
+process is gone. A stale heartbeat is a lost driver: the run resumes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from urm_ray import tracking
+from urm_ray.errors import ConfigError
 from urm_ray.outbox import one_line
-from urm_ray.tracking import HEARTBEAT_TAG
+from urm_ray.tracking import DRIVER_TAG, HEARTBEAT_TAG
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +92,56 @@ def lost(status: str, tags: dict[str, str], now: float | None = None) -> bool:
     """The run says RUNNING, but its driver stopped beating over ``STALE_S`` seconds ago."""
     age = last_beat_age(tags, now)
     return status == "RUNNING" and age is not None and age > STALE_S
+
+
+def this_driver() -> str:
+    """This process as a run records its driver (``urm_ray.driver``): host:pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def check_reopen(run: tracking.RunSummary | None, in_sweep: bool) -> None:
+    """Before a driver reopens ``run`` (None: there is none, a new run starts): ConfigError while
+    it says RUNNING with a fresh heartbeat from a driver not known to be gone (not in a sweep,
+    where Tune runs one attempt of a trial at a time and restores a failed one at once); a warning
+    when its last driver was lost."""
+    if run is None:
+        return
+    age = last_beat_age(run.tags) if run.status == "RUNNING" else None
+    if not in_sweep and age is not None and age <= STALE_S:
+        driver = run.tags.get(DRIVER_TAG, "")
+        if not gone(driver):
+            raise ConfigError(busy(run.run_name, driver, age))
+        logger.warning("MLflow run %s says RUNNING, beating %.0f s ago, but its driver (%s) is gone "
+                       "from this host; resuming it", run.run_name, age, driver)
+    warn_if_lost(run)
+
+
+def gone(driver: str) -> bool:
+    """Whether ``host:pid`` names a process of this host that no longer runs (or this one: a
+    run this process left RUNNING)."""
+    host, _, pid = driver.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False  # another host's process cannot be seen from here
+    if int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
+
+
+def busy(run_name: str, driver: str, age: float | None = None, held: str = "") -> str:
+    """Why a run is refused while ``driver`` trains it (``held``: what it holds, e.g. its lock)."""
+    host, _, pid = driver.rpartition(":")
+    where = f"on {host}, pid {pid}" if host and pid else "by another process"
+    beat = "" if age is None else f", its heartbeat {age:.0f} s old"
+    return (f"train.run_name={run_name} is training now {where}{held}{beat}: one driver "
+            f"trains a run at a time. Wait for it to end, or start another train.run_name; a driver "
+            f"that died without closing its MLflow run stops counting once its heartbeat is "
+            f"{STALE_S:.0f} s old")
 
 
 def warn_if_lost(run: tracking.RunSummary | None) -> None:

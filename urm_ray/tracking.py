@@ -287,22 +287,6 @@ def retried(what: str, call: Callable[[], T], limit_s: float = FLUSH_LIMIT_S) ->
                                   f"{limit_s / 60:.0f} min ({one_line(err)})") from err
 
 
-def resolve_tracking_uri(configured: str) -> str:
-    """The config's URI, else $MLFLOW_TRACKING_URI, else an SQLite store in the working folder.
-
-    Ray moves workers' working directories, so relative local URIs are made absolute here, on
-    the driver, before the config travels to the workers.
-    """
-    uri = configured or os.environ.get("MLFLOW_TRACKING_URI", "")
-    if not uri:
-        return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
-    if "://" not in uri:
-        return Path(uri).resolve().as_uri()
-    return uri
-
-
 @contextmanager
 def sqlite_creation_lock(tracking_uri: str) -> Iterator[None]:
     """For an SQLite store: an exclusive lock on its folder while held, so that commands started
@@ -320,22 +304,33 @@ def sqlite_creation_lock(tracking_uri: str) -> Iterator[None]:
 
 
 @contextmanager
-def store_opening(tracking_uri: str) -> Iterator[None]:
+def store_opening(tracking_uri: str, run: tuple[str, str] | None = None) -> Iterator[Callable[[], RunSummary | None]]:
     """Open the MLflow store in a thread while the block runs (the driver starts Ray meanwhile):
     a new SQLite store creates its tables first, about 2.5 s here. Joined before the block's end,
-    so no other MLflow call races with it; a store that fails to open fails again, with its
-    message, at the caller's first real call."""
+    so no other MLflow call races with it. ``run``: (experiment, run name) of a run to read back
+    in the same thread; the block yields what returns it once the block has ended (None: no such
+    run). A store that fails to open fails again there, with its message (or at the caller's
+    first real call)."""
+    found: list[RunSummary | None] = []
+
     def open_store() -> None:
         try:
             with sqlite_creation_lock(tracking_uri):
                 _client(tracking_uri).search_experiments(max_results=1)
+            if run is not None:
+                found.append(find_summary(tracking_uri, *run))
         except Exception:  # noqa: BLE001 (reported by the caller's own call)
             pass
+
+    def previous() -> RunSummary | None:
+        if run is None:
+            return None
+        return found[0] if found else find_summary(tracking_uri, *run)
 
     thread = threading.Thread(target=open_store, name="urm_ray-mlflow-store", daemon=True)
     thread.start()
     try:
-        yield
+        yield previous
     finally:
         thread.join()
 

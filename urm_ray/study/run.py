@@ -33,7 +33,7 @@ from optuna.trial import FrozenTrial
 
 from urm_ray import tracking
 from urm_ray.cluster import init_ray
-from urm_ray.config import build_config, with_values
+from urm_ray.config import build_config, resolve_tracking_uri, with_values
 from urm_ray.errors import Interrupted
 from urm_ray.report import REPORT_FILE, publish_after_sweep, write_study
 from urm_ray.report.data import seed_curves
@@ -64,7 +64,7 @@ def run_study(study: Study, root: str = DEFAULT_ROOT, verbose: bool = False) -> 
     folder.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         # the stores are created here, once: rows side by side would race to create their tables
-        for uri in {tracking.resolve_tracking_uri(r.space.base_config.tracking.tracking_uri) for r in study.rows}:
+        for uri in {resolve_tracking_uri(r.space.base_config.tracking.tracking_uri) for r in study.rows}:
             stack.enter_context(tracking.store_opening(uri))
         if not ray.is_initialized():
             init_ray(verbose=verbose)

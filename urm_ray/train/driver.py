@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 import ray
 
 from urm_ray import tracking
-from urm_ray.cluster import check_reachable, init_ray, scaled_up
+from urm_ray.cluster import check_reachable, init_ray
 from urm_ray.config import RunConfig
 from urm_ray.data.store import DatasetMeta
 from urm_ray.progress import Progress
@@ -31,7 +32,7 @@ from urm_ray.train import resume
 from urm_ray.train.hosts import ProcessHost
 from urm_ray.train.session import (PROCESS, TRIAL, FitResult, Here, InSweep, Runner, Session, alone, choose_host,
                                    prepare)
-from urm_ray.train.workers import Workers, placed, worker_bundles
+from urm_ray.train.workers import Workers, placed
 
 logger = logging.getLogger(__name__)
 
@@ -49,48 +50,47 @@ def fit(
     """Train (or resume) one run; returns its final metrics and checkpoint path.
 
     ``tags`` and ``params`` are added to the MLflow run (a sweep passes the parent run id and the
-    sampled values). ``scale_up_s`` > 0: first ask the autoscaler for the workers (GPUs unless
-    ``resources.device=cpu``) and wait that long for them. Ray is started (or joined, with
-    $RAY_ADDRESS) here unless the caller did; ``verbose`` shows its output. ``progress``: shows
-    the steps while training and then the last phases (the final evaluation, the checkpoint saved
-    and uploaded); its owner closes it once this returns (None: nothing is shown). ``meta``: the
-    dataset's metadata when the caller read it (a sweep's driver, for its trials). ``sweep``: the
-    run is a sweep's trial (``urm_ray.tune.trial_host.in_sweep``): Tune runs one attempt of it at a
-    time and restores it after a failure, so it takes no lock and looks at no heartbeat.
+    sampled values). ``scale_up_s`` > 0: Ray Train's workers first ask the autoscaler for
+    themselves (GPUs unless ``resources.device=cpu``) and wait that long for them. Ray is started
+    (or joined, with $RAY_ADDRESS) here unless the caller did; ``verbose`` shows its output.
+    ``progress``: shows the steps while training and then the last phases (the final evaluation,
+    the checkpoint saved and uploaded); its owner closes it once this returns (None: nothing is
+    shown). ``meta``: the dataset's metadata when the caller read it (a sweep's driver, for its
+    trials). ``sweep``: the run is a sweep's trial (``urm_ray.tune.trial_host.in_sweep``): Tune
+    runs one attempt of it at a time and restores it after a failure, so it takes no lock and
+    looks at no heartbeat.
     """
     cfg, meta = prepare(cfg, meta)
     where = choose_host(cfg, sweep is not None)
-    if where == TRIAL:  # in its Tune trial actor: Ray is up, the sweep checked the cluster
-        return _train(cfg, meta, where, (tags, params), sweep, progress)
-    resume.check(cfg)
-    with nullcontext() if sweep else resume.locked(cfg):
-        with tracking.store_opening(cfg.tracking.tracking_uri) if cfg.tracking.enabled else nullcontext():
+    with _claimed(cfg, where, sweep is not None, verbose, grows=scale_up_s > 0) as previous:
+        cfg, runner = _runner(cfg, where, sweep, scale_up_s)
+        return Session.open(cfg, meta, previous, tags, params, sweep).train(runner, progress)
+
+
+@contextmanager
+def _claimed(cfg: RunConfig, where: str, in_sweep: bool, verbose: bool,
+             grows: bool) -> Iterator[tracking.RunSummary | None]:
+    """What a run needs before its session opens, as the block's value its MLflow record so far
+    (None: a new run, or tracking off): a config a resume may train on and the run's lock outside a
+    sweep (``resume``), and Ray, started while the MLflow store opens and the record is read. A
+    trial in its Tune trial actor needs only the record: Ray is up and the sweep checked the
+    cluster and the config."""
+    if where != TRIAL:
+        resume.check(cfg)
+    with nullcontext() if in_sweep else resume.locked(cfg):
+        run = (cfg.tracking.experiment, cfg.train.run_name)
+        with (tracking.store_opening(cfg.tracking.tracking_uri, run) if cfg.tracking.enabled
+              else nullcontext(lambda: None)) as previous:
             if not ray.is_initialized():  # a run that will train in this process needs no dashboard
-                init_ray(verbose=verbose, dashboard=sweep is not None or not alone(cfg))
-        check_nodes(cfg, grows=scale_up_s > 0)
-        if sweep is None:
-            resume.refuse_if_beating(cfg)  # the store opened alongside Ray: no wait of its own
-        with scaled_up(worker_bundles(cfg), scale_up_s):
-            return _train(cfg, meta, where, (tags, params), sweep, progress)
+                init_ray(verbose=verbose, dashboard=in_sweep or not alone(cfg))
+        if where != TRIAL:  # on a cluster of several nodes: no data or checkpoints on this node's disk
+            check_reachable({"data.path": (cfg.data.path, "the dataset"),
+                             "checkpoint.storage_path": (cfg.checkpoint.storage_path, "the checkpoints")},
+                            cfg.resources.shared_fs, grows)
+        yield previous()
 
 
-def check_nodes(cfg: RunConfig, grows: bool = False) -> None:
-    """On a cluster of several nodes, refuse data or checkpoints on this node's disk
-    (``cluster.check_reachable``)."""
-    check_reachable({"data.path": (cfg.data.path, "the dataset"),
-                     "checkpoint.storage_path": (cfg.checkpoint.storage_path, "the checkpoints")},
-                    cfg.resources.shared_fs, grows)
-
-
-def _train(cfg: RunConfig, meta: DatasetMeta, where: str,
-           labels: tuple[dict[str, str] | None, dict[str, Any] | None],
-           sweep: InSweep | None, progress: Progress | None) -> FitResult:
-    """Build the runner ``where`` names, open the run's session and train there."""
-    cfg, runner = _runner(cfg, where, sweep)
-    return Session.open(cfg, meta, *labels, sweep=sweep).train(runner, progress)
-
-
-def _runner(cfg: RunConfig, where: str, sweep: InSweep | None) -> tuple[RunConfig, Runner]:
+def _runner(cfg: RunConfig, where: str, sweep: InSweep | None, scale_up_s: float) -> tuple[RunConfig, Runner]:
     """The runner ``where`` names, with the config it runs (a run given this machine: its threads)."""
     if where == TRIAL:  # one worker, in its Tune trial actor
         assert sweep is not None
@@ -99,7 +99,7 @@ def _runner(cfg: RunConfig, where: str, sweep: InSweep | None) -> tuple[RunConfi
     logger.info("starting %d Ray Train worker(s) (%s)%s for run %s", cfg.resources.num_workers,
                 "GPU" if gpu else "CPU", " in this process" if where == PROCESS else "", cfg.train.run_name)
     if where != PROCESS:
-        return cfg, Workers(gpu, [] if sweep is None else sweep.callbacks)
+        return cfg, Workers(gpu, [] if sweep is None else sweep.callbacks, scale_up_s)
     if not cfg.resources.torch_threads:  # the run is given this machine (a private Ray instance)
         cfg = replace(cfg, resources=replace(cfg.resources, torch_threads=len(os.sched_getaffinity(0))))
     host = partial(ProcessHost, run_folder=Path(cfg.checkpoint.storage_path) / cfg.train.run_name,

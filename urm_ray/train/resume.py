@@ -5,7 +5,6 @@ Ray starts, refuse what would corrupt it:
 
     check(cfg)                  # ConfigError: a key outside RESUMABLE differs from the checkpoint's
     with locked(cfg):           # ConfigError: another process holds the run's local lock
-        refuse_if_beating(cfg)  # ConfigError: the MLflow run has a live driver elsewhere
         ...                     # train; the lock is held until the block ends
 
 ``check`` compares the resolved config with ``config.yaml`` in the run's newest complete
@@ -17,13 +16,11 @@ named with its saved and new value.
 
 One driver per run: on local storage the driver holds an exclusive ``flock`` on
 ``<storage>/<run>/.lock`` for the run's life (the system releases it when the process ends, however
-it ends), with its host and pid written in it. On any storage, a RUNNING MLflow run whose heartbeat
-(``heartbeat.py``) is fresh has a live driver elsewhere, unless the driver it records
-(``urm_ray.driver``: host:pid) ran on this host and its process is gone. A stale heartbeat is a
-lost driver: the run resumes. The driver looks at the heartbeat once Ray has started: the MLflow
-store opens meanwhile, so the look costs no wait of its own.
+it ends), with its host and pid written in it. On any storage, the run's session refuses a RUNNING
+MLflow run whose heartbeat is fresh (``heartbeat.check_reopen``), in the run's record read back
+while Ray started.
 
-``record`` keeps MLflow in step with a resume: params are immutable, so a config value that
+``resumed_tags`` keeps MLflow in step with a resume: params are immutable, so a config value that
 differs from the run's param is set as the tag ``urm_ray.resumed.<key>``.
 """
 
@@ -32,8 +29,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import socket
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,7 +39,7 @@ import pyarrow.fs
 import yaml
 
 from urm_ray import heartbeat, redact, tracking
-from urm_ray.config import RunConfig, build_config, flatten, renamed
+from urm_ray.config import UNSET, RunConfig, differences, renamed
 from urm_ray.errors import ConfigError
 from urm_ray.tracking import DRIVER_TAG, RESUMED_TAG_PREFIX
 from urm_ray.train.checkpoint import CONFIG_FILE, STATE_FILE
@@ -73,7 +68,6 @@ RESUMABLE = {
     "tracking.tracking_uri": "where the run is recorded",
     "tracking.log_checkpoint": "whether the final checkpoint is uploaded",
 }
-_UNSET = object()  # a key one side's config does not have
 
 
 def resumable(key: str) -> bool:
@@ -111,23 +105,6 @@ def saved_config(storage_path: str, run_name: str) -> tuple[str, dict[str, Any]]
     return None
 
 
-def differences(saved: dict[str, Any], cfg: RunConfig, where: str) -> dict[str, tuple[Any, Any]]:
-    """{dotted key: (saved value, new value)} for every key whose values differ; a key one side
-    lacks has ``_UNSET`` there. The saved config is built as a new one is, so defaults and types
-    match; ``where``: the checkpoint folder, for the error if it no longer builds."""
-    try:
-        with warnings.catch_warnings():  # its own warnings were shown when it ran
-            warnings.simplefilter("ignore")
-            before = flatten(build_config(saved))
-    except ConfigError as err:
-        raise ConfigError(f"train.run_name={cfg.train.run_name}: the config of its checkpoint "
-                          f"{where} does not load ({err}); start a new run with another "
-                          "train.run_name") from err
-    after = redact.strip(flatten(cfg))  # config.yaml holds no secret
-    return {key: (before.get(key, _UNSET), after.get(key, _UNSET)) for key in {*before, *after}
-            if before.get(key, _UNSET) != after.get(key, _UNSET)}
-
-
 def check(cfg: RunConfig) -> None:
     """Refuse the resume of a resolved config that differs from its checkpoint's beyond
     ``RESUMABLE``, naming each key with both values and how to go on. A new run passes."""
@@ -135,13 +112,19 @@ def check(cfg: RunConfig) -> None:
     if found is None:
         return
     where, saved = found
-    refused = {key: pair for key, pair in differences(saved, cfg, where).items() if not resumable(key)}
+    try:
+        changed = differences(saved, cfg)
+    except ConfigError as err:
+        raise ConfigError(f"train.run_name={cfg.train.run_name}: the config of its checkpoint "
+                          f"{where} does not load ({err}); start a new run with another "
+                          "train.run_name") from err
+    refused = {key: pair for key, pair in changed.items() if not resumable(key)}
     if not refused:
         return
     keys = sorted(refused)
     listed = "; ".join(f"{key}: saved {_text(refused[key][0])}, now {_text(refused[key][1])}"
                        for key in keys)
-    restore = " ".join(f"{key}={_text(refused[key][0])}" for key in keys if refused[key][0] is not _UNSET)
+    restore = " ".join(f"{key}={_text(refused[key][0])}" for key in keys if refused[key][0] is not UNSET)
     raise ConfigError(
         f"train.run_name={cfg.train.run_name} resumes from {where}, whose config differs in {listed}. "
         "A resume may change only its length, cadences, resources and tracking (the keys listed in "
@@ -151,17 +134,13 @@ def check(cfg: RunConfig) -> None:
 
 def _text(value: Any) -> str:
     """A value as an override writes it (``model.hidden_size=16``)."""
-    if value is _UNSET:
+    if value is UNSET:
         return "(not set)"
     text = yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip()
     return text.removesuffix("...").strip()
 
 
 # --- one driver per run -------------------------------------------------------------------------
-
-
-def this_driver() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @contextmanager
@@ -180,78 +159,13 @@ def locked(cfg: RunConfig) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 256, 0).decode(errors="replace").strip()
-            raise ConfigError(_busy(cfg, holder, _beat_age(cfg), folder / LOCK_FILE)) from None
+            held = f" (it holds {folder / LOCK_FILE})"
+            raise ConfigError(heartbeat.busy(cfg.train.run_name, holder, held=held)) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{this_driver()}\n".encode(), 0)
+        os.pwrite(fd, f"{heartbeat.this_driver()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the lock
-
-
-def _running_run(cfg: RunConfig) -> tracking.RunSummary | None:
-    """The run's MLflow record when it says RUNNING (None: tracking off, no store, no such run)."""
-    uri = cfg.tracking.tracking_uri
-    if not cfg.tracking.enabled:
-        return None
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        return None  # no store yet (and opening it here would create it before Ray starts)
-    with tracking.sqlite_creation_lock(uri):  # a store another command is creating now
-        found = tracking.Run.find(uri, cfg.tracking.experiment, cfg.train.run_name)
-        run = None if found is None else found.summary()
-    return run if run is not None and run.status == "RUNNING" else None
-
-
-def _beat_age(cfg: RunConfig) -> float | None:
-    """For the lock's refusal: the heartbeat's age, if the store answers (the lock decides)."""
-    try:
-        run = _running_run(cfg)
-    except Exception as err:  # noqa: BLE001 (an unreachable store must not hide the refusal)
-        logger.debug("heartbeat of run %s not read: %s", cfg.train.run_name, err)
-        return None
-    return None if run is None else heartbeat.last_beat_age(run.tags)
-
-
-def refuse_if_beating(cfg: RunConfig) -> None:
-    """ConfigError when the run's MLflow run says RUNNING with a fresh heartbeat, from a driver
-    that is not known to be gone (tracking on)."""
-    run = _running_run(cfg)
-    age = None if run is None else heartbeat.last_beat_age(run.tags)
-    if run is None or age is None or age > heartbeat.STALE_S:
-        return  # finished, never beat, or its driver was lost (`heartbeat.warn_if_lost` says so)
-    driver = run.tags.get(DRIVER_TAG, "")
-    if _gone(driver):
-        logger.warning("MLflow run %s says RUNNING, beating %.0f s ago, but its driver (%s) is gone "
-                       "from this host; resuming it", cfg.train.run_name, age, driver)
-        return
-    raise ConfigError(_busy(cfg, driver, age, None))
-
-
-def _gone(driver: str) -> bool:
-    """Whether ``host:pid`` names a process of this host that no longer runs (or this one: a
-    run this process left RUNNING)."""
-    host, _, pid = driver.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False  # another host's process cannot be seen from here
-    if int(pid) == os.getpid():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's live process
-        return False
-    return False
-
-
-def _busy(cfg: RunConfig, driver: str, age: float | None, lock: Path | None) -> str:
-    host, _, pid = driver.rpartition(":")
-    where = f"on {host}, pid {pid}" if host and pid else "by another process"
-    beat = "" if age is None else f", its heartbeat {age:.0f} s old"
-    held = f" (it holds {lock})" if lock is not None else ""
-    return (f"train.run_name={cfg.train.run_name} is training now {where}{held}{beat}: one driver "
-            f"trains a run at a time. Wait for it to end, or start another train.run_name; a driver "
-            f"that died without closing its MLflow run stops counting once its heartbeat is "
-            f"{heartbeat.STALE_S:.0f} s old")
 
 
 # --- MLflow after a resume ----------------------------------------------------------------------
@@ -271,7 +185,7 @@ def resumed_tags(previous: tracking.RunSummary | None, values: dict[str, Any]) -
                     params[tag[len(RESUMED_TAG_PREFIX):]])
     stale = [] if previous is None else [tag for tag in previous.tags
                                          if tag.startswith(RESUMED_TAG_PREFIX) and tag not in changed]
-    return {DRIVER_TAG: this_driver(), **changed}, stale
+    return {DRIVER_TAG: heartbeat.this_driver(), **changed}, stale
 
 
 def _param_text(value: Any) -> str:

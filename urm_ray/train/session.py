@@ -3,7 +3,8 @@ trial, ``final`` and its re-checks).
 
     cfg, meta = prepare(cfg)                           # resolved, every check that needs no Ray
     where = choose_host(cfg, in_sweep=False)           # PROCESS, WORKERS or TRIAL
-    session = Session.open(cfg, meta, tags, params)    # the MLflow run, opened once
+    session = Session.open(cfg, meta, previous, tags, params)  # the MLflow run (``previous``: its
+                                                               # record so far), opened once
     result = session.train(Here(make_host, where), progress)  # or Ray Train's ``workers.Workers``
 
 ``Session.train`` holds the heartbeat while the loop runs, records a failure (FAILED, KILLED
@@ -36,7 +37,7 @@ from ray.train import WorkerGroupError
 
 from urm_ray import heartbeat, tracking
 from urm_ray.cluster import on_private_instance
-from urm_ray.config import RunConfig, dump_yaml, flatten
+from urm_ray.config import RunConfig, dump_yaml, flatten, resolve_tracking_uri
 from urm_ray.data import builtin, store, stream
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import registry
@@ -106,7 +107,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
     storage = cfg.checkpoint.storage_path
     if "://" not in storage:
         storage = str(Path(storage).resolve())
-    uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
+    uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
     data_path = builtin.resolve_path(cfg.data.path)
     if "://" not in data_path:
         data_path = str(Path(data_path).resolve())
@@ -168,10 +169,12 @@ def datasets(cfg: RunConfig, meta: DatasetMeta) -> dict[str, Any]:
     return {"train": stream.train_dataset(cfg.data, meta), "eval": eval_ds}
 
 
-def open_run(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None = None,
-             params: dict[str, Any] | None = None) -> tracking.Run | tracking.NullRun:
-    """Open (or re-open) the MLflow run of a resolved config, with its params, and record before
-    any training what a run that then crashes must still show: ``config.yaml`` and the dataset."""
+def open_run(cfg: RunConfig, meta: DatasetMeta, previous: tracking.RunSummary | None = None,
+             tags: dict[str, str] | None = None, params: dict[str, Any] | None = None,
+             in_sweep: bool = False) -> tracking.Run | tracking.NullRun:
+    """Open the MLflow run of a resolved config with its params, or reopen ``previous`` (what it
+    recorded so far) once ``heartbeat.check_reopen`` allows it, and record before any training
+    what a run that then crashes must still show: ``config.yaml`` and the dataset."""
     if not cfg.tracking.enabled:
         return tracking.NullRun()
     values, config = flatten(cfg), dump_yaml(cfg)
@@ -179,8 +182,7 @@ def open_run(cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None = No
                "num_rows": {name: split.num_rows for name, split in meta.splits.items()}}
     digest = store.metadata_digest(meta)
     uri, experiment = cfg.tracking.tracking_uri, cfg.tracking.experiment
-    previous = tracking.find_summary(uri, experiment, cfg.train.run_name)
-    heartbeat.warn_if_lost(previous)
+    heartbeat.check_reopen(previous, in_sweep)
     driver_tags, stale = resume.resumed_tags(previous, values)
     run = tracking.Run.open(uri, experiment, cfg.train.run_name, {**values, **(params or {})}, tags)
     run.set_tags(driver_tags)
@@ -205,9 +207,12 @@ class Session:
         self.cfg, self.meta, self.run, self.ended = cfg, meta, run, ended
 
     @classmethod
-    def open(cls, cfg: RunConfig, meta: DatasetMeta, tags: dict[str, str] | None = None,
-             params: dict[str, Any] | None = None, sweep: InSweep | None = None) -> Session:
-        return cls(cfg, meta, open_run(cfg, meta, tags, params), _never if sweep is None else sweep.ended)
+    def open(cls, cfg: RunConfig, meta: DatasetMeta, previous: tracking.RunSummary | None = None,
+             tags: dict[str, str] | None = None, params: dict[str, Any] | None = None,
+             sweep: InSweep | None = None) -> Session:
+        """The session of a run whose MLflow record so far is ``previous`` (None: a new run)."""
+        return cls(cfg, meta, open_run(cfg, meta, previous, tags, params, sweep is not None),
+                   _never if sweep is None else sweep.ended)
 
     def train(self, runner: Runner, progress: Progress | None = None) -> FitResult:
         """Run the loop where ``runner`` runs it, under the run's heartbeat; record its failure or

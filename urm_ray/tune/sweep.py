@@ -37,6 +37,7 @@ from ray.tune.schedulers import FIFOScheduler, MedianStoppingRule, TrialSchedule
 
 from urm_ray import heartbeat, redact, tracking
 from urm_ray.cluster import check_reachable, init_ray, scaled_up
+from urm_ray.config import resolve_tracking_uri
 from urm_ray.data import builtin, stream
 from urm_ray.data.store import DatasetMeta
 from urm_ray.errors import ConfigError
@@ -87,7 +88,7 @@ def create_sweep(source: str, overrides: list[str], name: str = "", root: str = 
     if (folder / INFO_FILE).exists():
         raise ConfigError(f"sweep {name!r} already exists in {folder.parent}; resume it with "
                           f"`urm-ray sweep --resume {name}` or choose another --name")
-    uri = tracking.resolve_tracking_uri(space.base_config.tracking.tracking_uri)
+    uri = resolve_tracking_uri(space.base_config.tracking.tracking_uri)
     optuna_url = storage_url or f"sqlite:///{folder / 'optuna.db'}"
     redact.remember(optuna_url)  # Tune saves the searcher without it and may read it back here
     _check_databases(optuna_url, uri)

@@ -111,7 +111,8 @@ def _study_table() -> StudyTable:
 
 def test_study_report_draws_seed_bands(tmp_path: Path):
     curves = {"urm": [[(100, 0.5), (200, 0.9)], [(100, 0.6), (200, 0.92)]], "trm": [[(100, 0.4), (200, 0.8)]]}
-    page = write_study(_study_table(), curves, tmp_path / REPORT_FILE).read_text()
+    table = _study_table()
+    page = write_study(table.study, table.metrics[0], table.page_rows(), curves, tmp_path / REPORT_FILE).read_text()
     assert _images(page) == ["Learning curves over seeds"]
     assert "0.9000 +- 0.0200" in page  # urm's mean +- sd over its three seeds
 

@@ -1,7 +1,7 @@
 """The report as one self-contained HTML page: inline PNGs and tables, no script, no network.
 
     write_sweep(data, path)             # a sweep: curves, progress, importances, rungs, front, leaderboard
-    write_study(table, curves, path)    # a study: seed bands and its results table
+    write_study(study, metric, rows, curves, path)  # a study: seed bands and its results table
 """
 
 from __future__ import annotations
@@ -10,13 +10,10 @@ import html
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from urm_ray.report import plots
 from urm_ray.report.data import MIN_FOR_IMPORTANCE, SweepData
-
-if TYPE_CHECKING:
-    from urm_ray.study.table import Cell, StudyTable
 
 STYLE = """body{font-family:sans-serif;margin:1.5em auto;max-width:1100px;color:#222}
 h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em}img{max-width:100%;display:block}
@@ -53,24 +50,16 @@ def write_sweep(data: SweepData, path: Path) -> Path:
                   sections)
 
 
-def write_study(table: StudyTable, curves: dict[str, list[list[tuple[int, float]]]], path: Path) -> Path:
-    """A study's report: its results ``table``; ``curves``: row -> one curve of the
-    first metric per final seed (empty lists draw no band)."""
-    metric = table.metrics[0]
+def write_study(study: str, metric: str, rows: list[dict[str, Any]],
+                curves: dict[str, list[list[tuple[int, float]]]], path: Path) -> Path:
+    """A study's report: its results table (``rows``, a dict per row, as ``StudyTable.page_rows``
+    gives them); ``curves``: row -> one curve of ``metric`` per final seed (empty lists draw no
+    band)."""
     sections = []
     if any(c for seeds in curves.values() for c in seeds):
         sections.append(_figure("Learning curves over seeds", plots.seed_bands(curves, metric), "seed-bands"))
-    rows = [{"row": r.name, "task": r.task, "family": r.family, "seeds": r.n,
-             **{m: _mean_sd(r.cells[m]) for m in table.metrics}, "device_hours": r.device_hours}
-            for r in table.rows]
     sections.append(f"<h2>Results</h2>\n{_table(rows)}<p class=note>mean +- sd over the final seeds</p>")
-    return _write(path, f"Study {table.study}", f"{len(table.rows)} rows", sections)
-
-
-def _mean_sd(cell: Cell) -> str:
-    if cell.n == 0:
-        return "-"
-    return f"{cell.mean:.4f}" if cell.n == 1 else f"{cell.mean:.4f} +- {cell.sd:.4f}"
+    return _write(path, f"Study {study}", f"{len(rows)} rows", sections)
 
 
 def _figure(title: str, uri: str, anchor: str, caption: str = "") -> str:

@@ -297,7 +297,7 @@ def write_page(study: Study, table: StudyTable, folder: Path) -> Path:
         info, _ = load_sweep(study.sweep_name(row), str(folder / "sweeps"))
         run_ids = [r.run_id for r in final_runs(info, study.name, row.name)]
         curves[row.name] = seed_curves(info.tracking_uri, run_ids, table.metrics[0])
-    return write_study(table, curves, folder / REPORT_FILE)
+    return write_study(table.study, table.metrics[0], table.page_rows(), curves, folder / REPORT_FILE)
 
 
 def log_table(study: Study, table: StudyTable, folder: Path) -> str:

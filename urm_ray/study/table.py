@@ -14,6 +14,7 @@ import io
 import math
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from scipy import stats
 
@@ -50,6 +51,15 @@ class Cell:
         half = stats.t.ppf(0.5 + CONFIDENCE / 2, self.n - 1) * self.sd / math.sqrt(self.n)
         return (self.mean - half, self.mean + half)
 
+    def text(self, interval: bool = True) -> str:
+        """mean +- sd over the seeds, and its 95 % interval when ``interval``; "-": no seed yet."""
+        if self.n == 0:
+            return "-"
+        if self.n == 1:
+            return f"{self.mean:.4f}"
+        low, high = self.ci
+        return f"{self.mean:.4f} +- {self.sd:.4f}" + (f" [{low:.4f}, {high:.4f}]" if interval else "")
+
 
 @dataclass(frozen=True)
 class TableRow:
@@ -82,7 +92,7 @@ class StudyTable:
         head = ["row", "task", "family", *self.metrics, "seeds", "device-hours", "published"]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for row in self.rows:
-            cells = [_mean_sd(row.cells[m]) for m in self.metrics]
+            cells = [row.cells[m].text() for m in self.metrics]
             published = "; ".join(f"{b.measure} {b.value * 100:.1f} % ({b.source})" for b in row.baselines)
             lines.append("| " + " | ".join([row.name, row.task, row.family, *cells, str(row.n),
                                              f"{row.device_hours:.3f}", published or "-"]) + " |")
@@ -109,6 +119,12 @@ class StudyTable:
                                  matching.source if matching else ""])
         return out.getvalue()
 
+    def page_rows(self) -> list[dict[str, Any]]:
+        """The results table as the study's report page shows it: mean +- sd over the seeds."""
+        return [{"row": r.name, "task": r.task, "family": r.family, "seeds": r.n,
+                 **{m: r.cells[m].text(interval=False) for m in self.metrics}, "device_hours": r.device_hours}
+                for r in self.rows]
+
     def row_metrics(self, row: TableRow) -> dict[str, float]:
         """What the row's MLflow run logs: each metric's mean, sd, interval, and the cost."""
         out = {"seeds": float(row.n), "cost/device_hours": row.device_hours}
@@ -118,15 +134,6 @@ class StudyTable:
         for b in row.baselines[:1]:
             out[f"published/{b.metric}"] = b.value
         return {k: v for k, v in out.items() if not math.isnan(v)}
-
-
-def _mean_sd(cell: Cell) -> str:
-    if cell.n == 0:
-        return "-"
-    if cell.n == 1:
-        return f"{cell.mean:.4f}"
-    low, high = cell.ci
-    return f"{cell.mean:.4f} +- {cell.sd:.4f} [{low:.4f}, {high:.4f}]"
 
 
 def _num(value: float) -> str:

@@ -172,6 +172,20 @@ def test_a_new_sqlite_store_is_created_by_one_command_at_a_time(tmp_path: Path):
         assert proc.returncode == 0, err[-2000:]
 
 
+def test_the_store_opening_reads_the_runs_record_meanwhile(tmp_path: Path):
+    """While the block runs the store opens (created when new) and the run's record is read; the
+    block's value returns it afterwards: None for a run that does not exist yet."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    with tracking.store_opening(uri, ("exp", "absent")) as previous:
+        pass
+    assert previous() is None and (tmp_path / "m.db").is_file()
+    run_id = tracking.open_run(uri, "exp", "there", {"train.steps": 4}, {"k": "v"})
+    with tracking.store_opening(uri, ("exp", "there")) as previous:
+        pass
+    found = previous()
+    assert (found.run_id, found.status, found.params, found.tags["k"]) == (run_id, "RUNNING", {"train.steps": "4"}, "v")
+
+
 def test_every_experiment_a_run_opens_is_marked_model_training(tmp_path: Path):
     """MLflow's experiment kind: set on the experiments urm_ray creates and on those it finds
     unmarked; an experiment a user marked otherwise keeps its kind."""

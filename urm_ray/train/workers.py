@@ -16,7 +16,7 @@ import ray.train
 import torch
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from urm_ray.cluster import ray_train_defaults, scaled_up
+from urm_ray.cluster import ray_train_defaults
 from urm_ray.config import RunConfig
 from urm_ray.data import stream
 from urm_ray.errors import ConfigError
@@ -79,17 +79,14 @@ def worker_bundles(cfg: RunConfig) -> list[dict[str, float]]:
 @dataclass
 class Workers:
     """The run's loop in Ray Train's workers. ``callbacks``: Ray Train ``UserCallback``s, e.g.
-    Tune's report of a sweep's trial. ``scale_up_s`` > 0: first ask the autoscaler for the
-    workers and wait that long for them (``cluster.scaled_up``)."""
+    Tune's report of a sweep's trial."""
 
     gpu: bool
     callbacks: list[Any]
-    scale_up_s: float = 0.0
     where: str = WORKERS
 
     def run(self, session: Session, progress: Progress | None) -> Outcome:
-        with (scaled_up(worker_bundles(session.cfg), self.scale_up_s),
-              nullcontext(None) if progress is None else watching(progress) as inbox):
+        with nullcontext(None) if progress is None else watching(progress) as inbox:
             result = build_trainer(session, self.gpu, self.callbacks, inbox).fit()
         return dict(result.metrics or {}), result.checkpoint
 

@@ -137,7 +137,7 @@ def test_a_run_holds_its_config_and_dataset_before_training(tmp_path: Path, monk
     cfg = resolve(load_config("sudoku4-urm", [f"data.path={data}", "tracking.tracking_uri=sqlite:///m.db",
                                               "train.run_name=crashy"]))
     uri = cfg.tracking.tracking_uri
-    run_id = open_run(cfg, stream.load_meta(cfg.data)).id
+    run_id = open_run(cfg, stream.load_meta(cfg.data), None).id
     client = MlflowClient(uri)
     saved = yaml.safe_load(Path(client.download_artifacts(run_id, "config.yaml", str(tmp_path))).read_text())
     assert saved["data"]["path"] == str(data) and saved["train"]["run_name"] == "crashy"

@@ -169,7 +169,7 @@ def datasets(cfg: RunConfig, meta: DatasetMeta) -> dict[str, Any]:
     return {"train": stream.train_dataset(cfg.data, meta), "eval": eval_ds}
 
 
-def open_run(cfg: RunConfig, meta: DatasetMeta, previous: tracking.RunSummary | None = None,
+def open_run(cfg: RunConfig, meta: DatasetMeta, previous: tracking.RunSummary | None,
              tags: dict[str, str] | None = None, params: dict[str, Any] | None = None,
              in_sweep: bool = False) -> tracking.Run | tracking.NullRun:
     """Open the MLflow run of a resolved config with its params, or reopen ``previous`` (what it
@@ -207,7 +207,7 @@ class Session:
         self.cfg, self.meta, self.run, self.ended = cfg, meta, run, ended
 
     @classmethod
-    def open(cls, cfg: RunConfig, meta: DatasetMeta, previous: tracking.RunSummary | None = None,
+    def open(cls, cfg: RunConfig, meta: DatasetMeta, previous: tracking.RunSummary | None,
              tags: dict[str, str] | None = None, params: dict[str, Any] | None = None,
              sweep: InSweep | None = None) -> Session:
         """The session of a run whose MLflow record so far is ``previous`` (None: a new run)."""

@@ -244,7 +244,7 @@ def test_a_diverging_step_is_flagged_on_the_device_and_stops_the_run():
         first = _first_nonfinite(first, metrics["nonfinite"], step)
     assert 1 < int(first) <= 8
     loop = Loop(diverging, ProcessHost({}, Path("unused"), 1), NullTracker(), Sender(),
-                InRun(diverging.cfg, None, None, 0, None))
+                InRun(diverging.cfg, None, None, None, 0, None))
     with pytest.raises(TrainingDiverged, match=f"non-finite loss at step {int(first)}:"):
         loop._stop_if_diverged(first)
     loop._stop_if_diverged(torch.full((), -1))  # nothing seen: no error

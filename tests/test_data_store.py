@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from urm_ray.data import store, stream
+from urm_ray.data import originals, store, stream
 from urm_ray.data.config import DataConfig
 from urm_ray.data.tasks import sudoku
 from urm_ray.errors import ConfigError, DataError
@@ -195,15 +195,22 @@ def _collect(batches) -> dict[str, torch.Tensor]:
     return {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
 
 
-def test_eval_stream_returns_the_stored_rows(ray_local, sudoku4):
-    cfg = DataConfig(path=str(sudoku4))
-    got = _collect(stream.iter_torch_batches(stream.eval_dataset(cfg), 5, shuffle=False))
+def test_held_out_originals_are_the_stored_rows_in_batches_shared_by_ranks(sudoku4):
+    cfg, meta = DataConfig(path=str(sudoku4)), store.read_metadata(sudoku4)
+    rows = originals.read_originals(cfg, meta)
+    got = _collect(originals.batches(rows, 5))
     want = store.read_split(sudoku4, "test")
     assert got["inputs"].dtype == torch.int32 and got["labels"].dtype == torch.int64
     assert got["puzzle_identifiers"].dtype == torch.int32 and got["inputs"].shape == (12, 16)
     for name in store.COLUMNS:
         assert np.array_equal(got[name].numpy(), want[name]), name
     assert (got["aug_index"] == 0).all()
+    # two ranks: batches 0 and 2 (the last, partial) on rank 0, batch 1 on rank 1
+    shares = [[b["puzzle_index"].tolist() for b in originals.batches(rows, 5, rank, 2)] for rank in (0, 1)]
+    assert shares == [[want["puzzle_index"][:5].tolist(), want["puzzle_index"][10:].tolist()],
+                      [want["puzzle_index"][5:10].tolist()]]
+    head = originals.read_originals(cfg, meta, max_rows=7)
+    assert np.array_equal(head["inputs"], want["inputs"][:7]) and len(head["labels"]) == 7
 
 
 def test_train_stream_covers_every_pair_deterministically(ray_local, sudoku4):
@@ -230,7 +237,7 @@ def test_train_stream_without_augmentation(ray_local, sudoku4):
     order = np.argsort(got["puzzle_index"].numpy())
     assert np.array_equal(got["inputs"].numpy()[order], want["inputs"])
     with pytest.raises(DataError, match="no split 'valid'"):
-        stream.eval_dataset(dataclasses.replace(cfg, eval_split="valid"))
+        originals.read_originals(dataclasses.replace(cfg, eval_split="valid"), store.read_metadata(sudoku4))
 
 
 def test_chunked_write_rolls_parts_and_counts_rows_across_chunks(tmp_path):

@@ -46,7 +46,7 @@ def _loop(steps: int, rows: Rows, tmp_path: Path) -> tuple[Loop, TrainBatches]:
     tiny = trainer("urm", False)
     tiny.cfg = replace(tiny.cfg, train=replace(tiny.cfg.train, steps=steps, log_every=100),
                        eval=replace(tiny.cfg.eval, every=0), checkpoint=replace(tiny.cfg.checkpoint, every=0))
-    evaluation = InRun(tiny.cfg, None, None, 0, None)  # eval.every=0 and steps it never reaches: not called
+    evaluation = InRun(tiny.cfg, None, None, None, 0, None)  # eval.every=0 and steps it never reaches: not called
     loop = Loop(tiny, ProcessHost({"train": rows}, tmp_path, 1), NullTracker(), Sender(), evaluation)
     loop._report = lambda metrics: None  # the last step's evaluation reads no held-out split here
     return loop, TrainBatches(rows, 2, tiny.position, 0, 0, tiny.device)

@@ -138,15 +138,12 @@ def _plan(args: argparse.Namespace) -> None:
 def _eval(args: argparse.Namespace) -> None:
     """``urm-ray eval``: ``evaluate``'s mode the flags and the checkpoint's task ask for."""
     from urm_ray import evaluate
-    from urm_ray.cluster import init_ray
 
-    evaluate.check_checkpoint(args.checkpoint)  # a crafted or damaged state.pt: refused before Ray
+    evaluate.check_checkpoint(args.checkpoint)  # a crafted or damaged state.pt: refused before any work
     task = evaluate.task_of(args.checkpoint)
     settings, mode = _eval_mode(args, task)
     if mode == "plain":
-        evaluate.check_temperature(evaluate.config_of(args.checkpoint), args.temperature)  # before Ray starts
-    if mode != "score":
-        init_ray(verbose=args.verbose)  # its split is read with Ray Data
+        evaluate.check_temperature(evaluate.config_of(args.checkpoint), args.temperature)
     request = evaluate.Request(mode, args.split, args.max_rows, live=sys.stderr.isatty(),
                                temperature=args.temperature, views=args.augmentations, pass_ks=tuple(args.pass_k))
     report = evaluate.evaluate(args.checkpoint, settings, request)

@@ -53,8 +53,7 @@ def init_ray(num_cpus: int | None = None, verbose: bool = False, dashboard: bool
 
     Quiet (``verbose=False``): the output of Ray's workers, actors and raylet stays in Ray's log
     files (``/tmp/ray/session_latest/logs``) instead of reaching this terminal, and the driver's
-    ``ray`` loggers show errors only (Ray Data's too: it runs in this process for ``urm-ray eval``,
-    and sets its own level when imported).
+    ``ray`` loggers show errors only (Ray Data's too, which sets its own level when imported).
     """
     global _private_gcs
     if not verbose:

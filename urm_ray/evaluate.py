@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from urm_ray.config import RunConfig, build_config, resolve_tracking_uri
-from urm_ray.data import stream
+from urm_ray.data import originals, stream
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import registry
 from urm_ray.data.tasks.task import PuzzleTask
@@ -202,18 +202,12 @@ def _batches(loaded: Loaded, request: Request, rows_per_batch: int, label: str,
              passes: int = 1) -> tuple[Callable[[], Iterator[dict[str, torch.Tensor]]], Progress]:
     """The split's rows in stored order, on the model's device, and the progress over ``passes``
     of them (finished by the caller)."""
-    data_cfg = replace(loaded.cfg.data, eval_split=request.split)
-    dataset = stream.eval_dataset(data_cfg)
-    if request.max_rows:
-        dataset = dataset.limit(request.max_rows)
-    split = loaded.meta.splits.get(request.split)
-    rows = split.num_rows if split is not None else 0
-    rows = min(rows, request.max_rows) if request.max_rows else rows
-    progress = Progress(label, rows * passes, unit="rows", every_s=5.0, live=request.live)
+    rows = originals.read_originals(replace(loaded.cfg.data, eval_split=request.split), loaded.meta,
+                                    request.max_rows)
+    progress = Progress(label, len(rows["inputs"]) * passes, unit="rows", every_s=5.0, live=request.live)
 
     def batches() -> Iterator[dict[str, torch.Tensor]]:
-        for batch in stream.iter_torch_batches(dataset, rows_per_batch, epoch=0, seed=0, shuffle=False,
-                                               drop_last=False, buffer_rows=0):
+        for batch in originals.batches(rows, rows_per_batch):
             progress.update(progress.done + len(batch["inputs"]))
             yield to_device(batch, loaded.state.device)
 

@@ -41,3 +41,7 @@ class DataConfig:
         if not self.augment and self.translate is True:
             warnings.warn("data.translate=true has no effect with data.augment=false (translation is "
                           "part of the training augmentation)", stacklevel=2)
+
+    def augmentation_slots(self) -> int:
+        """Augmentation indices per puzzle in training: num_augmentations, 1 without augment."""
+        return self.num_augmentations if self.augment else 1

@@ -44,6 +44,9 @@ FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
 COLUMNS = ("inputs", "labels", "puzzle_identifiers", "puzzle_index")
 SEQUENCE_COLUMNS = ("inputs", "labels")
+# the batch contract: the dtype of each column of a batch handed to the model
+BATCH_DTYPES = {"inputs": np.int32, "labels": np.int64, "puzzle_identifiers": np.int32,
+                "puzzle_index": np.int64, "aug_index": np.int32}
 DEFAULT_ROWS_PER_FILE = 32_768  # several files let Ray Data read and augment in parallel
 
 

@@ -1,4 +1,4 @@
-"""Ray Data pipeline from a dataset folder to torch batches (the only module that imports ray.data).
+"""Ray Data pipeline from a dataset folder to training batches (the only module that imports ray.data).
 
     split files -> the object store, once    stored originals: read on the driver and put there
            with from_arrow when small (milliseconds), else read_parquet(...).materialize()
@@ -12,7 +12,8 @@
       -> iter_torch_batches(local shuffle seeded by (seed, epoch))
 
 Batches are dicts of tensors: inputs int32 [B, L], labels int64 [B, L], puzzle_identifiers int32
-[B], plus puzzle_index int64 [B] and aug_index int32 [B] to trace each row to its source.
+[B], plus puzzle_index int64 [B] and aug_index int32 [B] to trace each row to its source
+(``store.BATCH_DTYPES``). Evaluation reads its split's originals without Ray (``originals``).
 
 Row order is deterministic given the seeds when the dataset executes with `preserve_order`
 (set on the datasets built here; pass `ingest_options()` to Ray Train's `DataConfig`, which
@@ -37,6 +38,7 @@ from ray.data.collate_fn import NumpyBatchCollateFn
 from urm_ray.data.augment import TransformFn, augment_batch
 from urm_ray.data.config import DataConfig
 from urm_ray.data.store import (
+    BATCH_DTYPES,
     METADATA_FILE,
     DatasetMeta,
     arrow_to_numpy,
@@ -91,15 +93,10 @@ def missing_dataset(path: str) -> str:
             "data.path=builtin:sudoku4")
 
 
-def augmentation_slots(cfg: DataConfig) -> int:
-    """Augmentation indices per puzzle in training: data.num_augmentations, 1 without augment."""
-    return cfg.num_augmentations if cfg.augment else 1
-
-
 def puzzle_table_size(meta: DatasetMeta, cfg: DataConfig) -> int:
     """Rows of the model's puzzle-embedding table for this dataset and data config: the metadata's
     count, or a row per task version for a task with versions (``PuzzleTask.embedding_rows``)."""
-    return registry.of(meta).embedding_rows(meta.num_puzzle_identifiers, augmentation_slots(cfg))
+    return registry.of(meta).embedding_rows(meta.num_puzzle_identifiers, cfg.augmentation_slots())
 
 
 def ingest_options() -> ray.data.ExecutionOptions:
@@ -188,18 +185,6 @@ def _versions_train_dataset(cfg: DataConfig, versions: Versions) -> ray.data.Dat
     return ds.map_batches(_augment_version_block, batch_size=1, fn_kwargs=kwargs)
 
 
-def _originals(table: pa.Table, versions: Versions | None = None, num_augmentations: int = 0
-               ) -> dict[str, np.ndarray]:
-    """Stored rows as aug index 0; with `versions` their identifiers are those of version 0 in a
-    table of `num_augmentations` slots per task."""
-    cols = arrow_to_numpy(table)
-    cols["aug_index"] = np.zeros(len(table), np.int32)
-    if versions is not None:
-        cols["puzzle_identifiers"] = versions.identifiers(
-            cols["puzzle_identifiers"], cols["aug_index"], num_augmentations)
-    return cols
-
-
 def warn_if_not_intended(cfg: DataConfig, meta: DatasetMeta) -> None:
     """Warns when the dataset records the K it was built for (e.g. 1001 for the papers' "1k"
     setting) and `data.num_augmentations` streams another number."""
@@ -246,7 +231,7 @@ def train_dataset(cfg: DataConfig, meta: DatasetMeta | None = None) -> ray.data.
         return _versions_train_dataset(cfg, task.versions)
     kwargs = {
         "augment": _row_augmentation(cfg, meta, task),
-        "num_augmentations": augmentation_slots(cfg),
+        "num_augmentations": cfg.augmentation_slots(),
         "seed": cfg.shuffle_seed,
     }
     warn_if_not_intended(cfg, meta)
@@ -255,25 +240,8 @@ def train_dataset(cfg: DataConfig, meta: DatasetMeta | None = None) -> ray.data.
     )
 
 
-def eval_dataset(cfg: DataConfig, meta: DatasetMeta | None = None) -> ray.data.Dataset:
-    """The original puzzles of `cfg.eval_split`, in stored order (``meta`` as for ``train_dataset``)."""
-    meta = meta or load_meta(cfg)
-    return _read_split(cfg, meta, cfg.eval_split).map_batches(
-        _originals, batch_format="pyarrow", batch_size=MAP_BATCH_PUZZLES,
-        fn_kwargs={"versions": registry.of(meta).versions, "num_augmentations": augmentation_slots(cfg)},
-    )
-
-
 class _ToTorch(NumpyBatchCollateFn):
     """Numpy batch -> the batch contract's tensor dtypes."""
-
-    DTYPES = {
-        "inputs": np.int32,
-        "labels": np.int64,
-        "puzzle_identifiers": np.int32,
-        "puzzle_index": np.int64,
-        "aug_index": np.int32,
-    }
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         # imported here: Ray workers that run the map stages load this module and need no torch
@@ -281,7 +249,7 @@ class _ToTorch(NumpyBatchCollateFn):
 
         return {
             name: torch.from_numpy(np.array(batch[name], dtype=dtype))
-            for name, dtype in self.DTYPES.items()
+            for name, dtype in BATCH_DTYPES.items()
         }
 
 

@@ -19,14 +19,16 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import torch
 from torch import nn
 
 from urm_ray.config import RunConfig
-from urm_ray.data import stream
+from urm_ray.data import originals
 from urm_ray.data.augment import TransformFn
 from urm_ray.data.store import DatasetMeta
 from urm_ray.data.tasks import registry
@@ -54,6 +56,7 @@ class InRun:
     """A run's evaluation: its config, the task's verifier and whether the task scores itself."""
 
     cfg: RunConfig
+    meta: DatasetMeta
     verifier: Optional[Verifier]
     scoring: Optional[Scoring]  # the task's own score (None: the task has none, or eval.views is off)
     own_views: int  # augmented views that score votes over per test input
@@ -62,9 +65,14 @@ class InRun:
     @classmethod
     def for_run(cls, cfg: RunConfig, meta: DatasetMeta) -> InRun:
         task = registry.of(meta)
-        views = cfg.eval.own_views(task, stream.augmentation_slots(cfg.data))
-        return cls(cfg, optional_verifier(meta.task, meta.seq_len), task.scoring if views else None, views,
-                   task.augment)
+        views = cfg.eval.own_views(task, cfg.data.augmentation_slots())
+        return cls(cfg, meta, optional_verifier(meta.task, meta.seq_len), task.scoring if views else None,
+                   views, task.augment)
+
+    @cached_property
+    def heldout(self) -> dict[str, np.ndarray]:
+        """The held-out originals that every evaluation of the run scores, read at the first one."""
+        return originals.read_originals(self.cfg.data, self.meta, self.cfg.eval.max_rows)
 
     def run(self, model: nn.Module, batches: Batches, ranks: Ranks, step: int,
             log_plot: Callable[[Path], None]) -> dict[str, float]:

@@ -39,7 +39,7 @@ class Host(Protocol):
         """The metrics reported with ``latest()`` by this host ({}: none, or not kept here)."""
 
     def shard(self, name: str) -> Any:
-        """The "train" or "eval" data: a Ray Dataset or this rank's Ray Train shard."""
+        """The "train" data: a Ray Dataset or this rank's Ray Train shard."""
 
     def saved_state(self) -> dict[str, Any] | None:
         """The state of the run's latest checkpoint (None: the run starts afresh)."""

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from urm_ray.config import ResourcesConfig, RunConfig, build_config
-from urm_ray.data import stream
+from urm_ray.data import originals, stream
 from urm_ray.data.store import DatasetMeta
 from urm_ray.errors import TrainingDiverged
 from urm_ray.train.batches import TrainBatches
@@ -222,15 +222,13 @@ class Loop:
         return out
 
     def _evaluate(self) -> dict[str, float]:
-        """Held-out metrics over every eval row once (``train.evaluation``): each rank reads the whole
-        (unsplit) split in stored order and scores every world-th batch; sums are all-reduced."""
-        rows, rank, world = self.host.shard("eval"), self.host.rank, self.host.world
+        """Held-out metrics over every eval row once (``train.evaluation``): each rank holds the
+        whole split in stored order and scores every world-th batch; sums are all-reduced."""
+        rows, rank, world = self.evaluation.heldout, self.host.rank, self.host.world
         device = self.state.device
 
         def batches(size: int) -> Iterator[dict[str, torch.Tensor]]:
-            stored = stream.iter_torch_batches(rows, size, epoch=0, seed=0, shuffle=False, drop_last=False,
-                                               buffer_rows=0)
-            return (to_device(b, device) for i, b in enumerate(stored) if i % world == rank)
+            return (to_device(b, device) for b in originals.batches(rows, size, rank, world))
 
         ranks = Ranks(rank, world, device, self._all_reduce, self._gather)
         with evaluation_model(self.state) as model:

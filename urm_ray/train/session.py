@@ -148,7 +148,7 @@ def prepare(cfg: RunConfig, meta: DatasetMeta | None = None) -> tuple[RunConfig,
     meta = meta or stream.load_meta(cfg.data)
     stream.warn_unused(cfg.data, meta)
     task = registry.of(meta)
-    cfg.eval.own_views(task, stream.augmentation_slots(cfg.data))  # views beyond the puzzle table
+    cfg.eval.own_views(task, cfg.data.augmentation_slots())  # views beyond the puzzle table
     if cfg.eval.views and task.scoring is None and not cfg.eval.curves:
         warnings.warn(f"eval.views=true has no effect on {meta.task} data without eval.curves: the "
                       "task has no score of its own voted over views", stacklevel=3)
@@ -162,11 +162,9 @@ def prepare(cfg: RunConfig, meta: DatasetMeta | None = None) -> tuple[RunConfig,
 
 
 def datasets(cfg: RunConfig, meta: DatasetMeta) -> dict[str, Any]:
-    """The run's Ray Datasets: "train" (augmented on the fly) and "eval" (held-out originals)."""
-    eval_ds = stream.eval_dataset(cfg.data, meta)
-    if cfg.eval.max_rows:
-        eval_ds = eval_ds.limit(cfg.eval.max_rows)
-    return {"train": stream.train_dataset(cfg.data, meta), "eval": eval_ds}
+    """The run's Ray Datasets: "train", augmented on the fly (each evaluating rank reads the
+    held-out originals itself: ``data.originals``)."""
+    return {"train": stream.train_dataset(cfg.data, meta)}
 
 
 def open_run(cfg: RunConfig, meta: DatasetMeta, previous: tracking.RunSummary | None,

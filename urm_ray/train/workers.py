@@ -115,8 +115,5 @@ def build_trainer(session: Session, gpu: bool, callbacks: list[Any], inbox: Any 
             callbacks=callbacks,
         ),
         datasets=datasets(cfg, meta),
-        # only "train" is split: Ray's equal split drops the rows that do not divide by the
-        # worker count, so each rank reads all of "eval" and scores its share (`Loop._evaluate`)
-        dataset_config=ray.train.DataConfig(datasets_to_split=["train"],
-                                            execution_options=stream.ingest_options()),
+        dataset_config=ray.train.DataConfig(execution_options=stream.ingest_options()),
     )

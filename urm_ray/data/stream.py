@@ -1,7 +1,7 @@
 """Ray Data pipeline from a dataset folder to training batches (the only module that imports ray.data).
 
     split files -> the object store, once    stored originals: read on the driver and put there
-           with from_arrow when small (milliseconds), else read_parquet(...).materialize()
+           with from_blocks when small (milliseconds), else read_parquet(...).materialize()
       -> map_batches(pyarrow -> numpy, expand, augment)      re-executed on every pass (epoch)
            each puzzle becomes `num_augmentations` rows (aug index 0 = original), augmented with the
            task's augmentation (`tasks.registry`), deterministic per (puzzle_index, aug_index,
@@ -112,7 +112,9 @@ def _read_split(cfg: DataConfig, meta: DatasetMeta, split: str) -> ray.data.Data
     fs, files = split_files(cfg.path, meta, split)
     small = sum(info.size for info in fs.get_file_info(files)) <= DRIVER_READ_BYTES
     if small:
-        ds = ray.data.from_arrow([pq.read_table(f, filesystem=fs) for f in files])
+        # from_blocks describes the tables here; from_arrow would run a Ray task for it and wait
+        # for a worker process to start (seconds on a busy node) before the dataset exists
+        ds = ray.data.from_blocks([pq.read_table(f, filesystem=fs) for f in files])
     else:
         ds = ray.data.read_parquet(split_paths(cfg.path, meta, split), file_extensions=None)
     ds.context.execution_options.preserve_order = True

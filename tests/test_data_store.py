@@ -213,6 +213,26 @@ def test_held_out_originals_are_the_stored_rows_in_batches_shared_by_ranks(sudok
     assert np.array_equal(head["inputs"], want["inputs"][:7]) and len(head["labels"]) == 7
 
 
+def test_a_small_split_becomes_a_dataset_while_every_cpu_is_taken(ray_local, sudoku4):
+    """A small split is read here and described here: building its dataset waits on no Ray task,
+    so a trial builds it even when the cluster has no CPU free."""
+    import queue
+    import threading
+
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    held = placement_group([{"CPU": ray_local.available_resources()["CPU"]}])
+    ray_local.get(held.ready(), timeout=60)
+    built: queue.Queue = queue.Queue()
+    cfg = DataConfig(path=str(sudoku4), num_augmentations=2)
+    try:  # a daemon thread: one stuck waiting for a CPU does not hold the session at its exit
+        threading.Thread(target=lambda: built.put(stream.train_dataset(cfg)), daemon=True).start()
+        ds = built.get(timeout=30)
+    finally:
+        remove_placement_group(held)
+    assert ds.count() == 40 * 2
+
+
 def test_train_stream_covers_every_pair_deterministically(ray_local, sudoku4):
     cfg = DataConfig(path=str(sudoku4), num_augmentations=3, shuffle_seed=7)
     ds = stream.train_dataset(cfg)

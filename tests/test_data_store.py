@@ -213,6 +213,17 @@ def test_held_out_originals_are_the_stored_rows_in_batches_shared_by_ranks(sudok
     assert np.array_equal(head["inputs"], want["inputs"][:7]) and len(head["labels"]) == 7
 
 
+def test_held_out_originals_name_a_file_damaged_after_the_metadata_was_read(sudoku4, tmp_path):
+    import shutil
+
+    folder = shutil.copytree(sudoku4, tmp_path / "s4")
+    meta = store.read_metadata(folder)
+    damaged = folder / meta.splits["test"].files[0]
+    damaged.write_bytes(damaged.read_bytes()[:40])
+    with pytest.raises(DataError, match=f"split 'test', file {damaged}: cannot be read"):
+        originals.read_originals(DataConfig(path=str(folder)), meta)
+
+
 def test_a_small_split_becomes_a_dataset_while_every_cpu_is_taken(ray_local, sudoku4):
     """A small split is read here and described here: building its dataset waits on no Ray task,
     so a trial builds it even when the cluster has no CPU free."""

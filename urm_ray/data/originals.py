@@ -24,24 +24,29 @@ import torch
 from urm_ray.data.config import DataConfig
 from urm_ray.data.store import BATCH_DTYPES, DatasetMeta, arrow_to_numpy, split_files
 from urm_ray.data.tasks import registry
+from urm_ray.errors import DataError
+
 
 def read_originals(cfg: DataConfig, meta: DatasetMeta, max_rows: int = 0) -> dict[str, np.ndarray]:
     """The first ``max_rows`` rows (0: all) of ``cfg.eval_split`` in stored order as aug index 0;
     for a task with versions (ARC) their identifiers are those of version 0. DataError naming the
-    available splits when the split is missing."""
+    available splits when the split is missing, or the file that cannot be read."""
     fs, files = split_files(cfg.path, meta, cfg.eval_split)
     tables, rows = [], 0
     for file in files:
         if max_rows and rows >= max_rows:
             break
-        table = pq.read_table(file, filesystem=fs)
+        try:
+            table = pq.read_table(file, filesystem=fs)
+        except (OSError, pa.ArrowException) as err:  # removed, truncated or unreadable since written
+            raise DataError(f"{cfg.path}: split {cfg.eval_split!r}, file {file}: cannot be read ({err})") from err
         tables.append(table)
         rows += len(table)
     table = pa.concat_tables(tables)  # a split has at least one file (``store.read_metadata``)
-    return originals(table.slice(0, max_rows) if max_rows else table, meta, cfg)
+    return _as_originals(table.slice(0, max_rows) if max_rows else table, meta, cfg)
 
 
-def originals(table: pa.Table, meta: DatasetMeta, cfg: DataConfig) -> dict[str, np.ndarray]:
+def _as_originals(table: pa.Table, meta: DatasetMeta, cfg: DataConfig) -> dict[str, np.ndarray]:
     """Stored rows as aug index 0, with version 0's identifiers for a task with versions."""
     cols = arrow_to_numpy(table)
     cols["aug_index"] = np.zeros(len(table), np.int32)

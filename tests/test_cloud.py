@@ -4,9 +4,11 @@ What a cluster does, on one machine: ``mlflow server`` keeps runs in SQLite and 
 S3 bucket (``--artifacts-destination s3://...``, reached through ``MLFLOW_S3_ENDPOINT_URL``);
 ``urm-ray train`` finds the server through ``MLFLOW_TRACKING_URI`` and writes its Ray Train
 checkpoints to ``checkpoint.storage_path=s3://...`` (custom endpoint from ``AWS_ENDPOINT_URL``).
-A 4-step run of 2 DDP workers checkpoints to S3; the same run name with 8 steps resumes there
-at step 4, logs into the same MLflow run and ends with the same weights, bit for bit, as an
-8-step run never interrupted; artifacts and checkpoints are read back from the bucket with boto3.
+The runs join one Ray head, as on a cluster whose nodes hold the bucket's endpoint and
+credentials in their environment. A 4-step run of 2 DDP workers checkpoints to S3; the same run
+name with 8 steps resumes there at step 4, logs into the same MLflow run and ends with the same
+weights, bit for bit, as an 8-step run never interrupted; artifacts and checkpoints are read back
+from the bucket with boto3.
 """
 
 from __future__ import annotations
@@ -101,9 +103,29 @@ def mlflow_server(s3, tmp_path_factory):
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def head(s3):
+    """A Ray head of 4 CPUs with its State API (Ray Train's placement-group cleaner asks it),
+    every Ray process of it with the S3 endpoint and credentials in its environment; yields the
+    environment a run joins it with."""
+    from ray.cluster_utils import Cluster
+
+    dashboard = free_port()
+    env = {**FAKE_AWS, "AWS_ENDPOINT_URL": s3, "PYTHONPATH": subprocess_env()["PYTHONPATH"],
+           "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{dashboard}"}
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)  # the head's processes inherit it
+        nodes = Cluster(initialize_head=True, connect=False, head_node_args={
+            "num_cpus": 4, "include_dashboard": True, "dashboard_port": dashboard})
+        try:
+            yield subprocess_env(**env, RAY_ADDRESS=nodes.address)
+        finally:
+            nodes.shutdown()
+
+
 def start_train(args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """``urm-ray train`` in a subprocess with its own private Ray instance, in its own process
-    group (``stop_group`` stops it with its Ray processes)."""
+    """``urm-ray train`` in a subprocess in its own process group (``stop_group`` stops it)."""
     cmd = [sys.executable, "-m", "urm_ray.cli", "train", "sudoku4-urm", *args]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -117,13 +139,12 @@ def summary(proc: subprocess.Popen, timeout: float = 420) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(s3, mlflow_server, sudoku_data):
+def runs(head, mlflow_server, sudoku_data):
     """4 steps with a checkpoint, then the same run name to 8 steps: both on S3 and the server;
     and the same 8 steps under another name, uninterrupted."""
     data = sudoku_data(num_test=17)
     # No tracking.tracking_uri: the run must find the server through MLFLOW_TRACKING_URI.
-    env = subprocess_env(**FAKE_AWS, AWS_ENDPOINT_URL=s3, MLFLOW_TRACKING_URI=mlflow_server,
-                         RAY_ADDRESS="local")
+    env = {**head, "MLFLOW_TRACKING_URI": mlflow_server}
     common = [*TINY_RUN, f"data.path={data}", f"checkpoint.storage_path=s3://{BUCKET}/runs"]
     start = time.monotonic()
     # the uninterrupted run shares nothing with the first: both train at once

@@ -19,7 +19,6 @@ makes the local copies absent instead and looks for local writes after the fact.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -47,24 +46,20 @@ def cluster(s3, tmp_path_factory):  # noqa: F811
     from ray.cluster_utils import Cluster
 
     env = {**FAKE_AWS, "AWS_ENDPOINT_URL": s3, "PYTHONPATH": subprocess_env()["PYTHONPATH"]}
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)  # the nodes' processes inherit it
-    # one-worker trials train in their Tune trial actors: no Ray Train, no State API to serve
-    nodes = Cluster(initialize_head=True, connect=False, head_node_args={
-        "num_cpus": 2, "include_dashboard": False})
-    try:
-        for _ in range(2):
-            nodes.add_node(num_cpus=1, resources={"trial_slot": 1})
-        nodes.wait_for_nodes()
-        mpl = tmp_path_factory.mktemp("mpl")
-        yield nodes, subprocess_env(**env, RAY_ADDRESS=nodes.address, MPLCONFIGDIR=str(mpl))
-    finally:
-        nodes.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)  # the nodes' processes inherit it
+        # one-worker trials train in their Tune trial actors: no Ray Train, no State API to serve
+        nodes = Cluster(initialize_head=True, connect=False, head_node_args={
+            "num_cpus": 2, "include_dashboard": False})
+        try:
+            for _ in range(2):
+                nodes.add_node(num_cpus=1, resources={"trial_slot": 1})
+            nodes.wait_for_nodes()
+            mpl = tmp_path_factory.mktemp("mpl")
+            yield nodes, subprocess_env(**env, RAY_ADDRESS=nodes.address, MPLCONFIGDIR=str(mpl))
+        finally:
+            nodes.shutdown()
 
 
 def upload_dataset(folder: Path, endpoint: str, prefix: str) -> str:
